@@ -1,0 +1,101 @@
+"""Composing configs in-process (one per sweep variant), reading an axis's choice, and a run's signature."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+from hydra import compose as hydra_compose
+from hydra import initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+
+from ablate import schema
+
+CONFIG_MODULE = "ablate.conf"
+CONFIG_NAME = "config"
+
+
+@contextmanager
+def _hydra() -> Iterator[None]:
+    """Use the running Hydra app when there is one (inside @hydra.main), else initialize one for the call."""
+    if GlobalHydra.instance().is_initialized():
+        yield
+        return
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+        yield
+
+
+def compose(overrides: Sequence[str] = ()) -> DictConfig:
+    """The config `python -m ablate OVERRIDES` would run, validated against the schema."""
+    schema.register()
+    with _hydra():
+        return hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides))
+
+
+def override_key(override: str) -> str:
+    """The key an override sets: `loss=dapo` -> `loss`, `+x.y=1` -> `x.y`, `~a` -> `a`."""
+    return OverridesParser.create().parse_override(override).key_or_group
+
+
+def merge_overrides(first: Sequence[str], then: Sequence[str]) -> list[str]:
+    """`first` followed by `then`, where an override in `then` replaces one in `first` that sets the same key."""
+    replaced = {override_key(o) for o in then}
+    return [o for o in first if override_key(o) not in replaced] + list(then)
+
+
+def choice_of(cfg: DictConfig, path: str) -> str:
+    """The choice a config makes on an axis: the option's name for a group, the value (lower-case) for a key.
+
+    `choice_of(cfg, "loss")` -> "cispo"; `choice_of(cfg, "filtering.zero_variance")` -> "true".
+    """
+    node = OmegaConf.select(cfg, path, throw_on_missing=True)
+    if node is None and not _has(cfg, path):
+        raise KeyError(f"axis path '{path}' is not in the config")
+    if isinstance(node, DictConfig):
+        if "name" not in node:
+            raise KeyError(f"axis path '{path}' is a config node without a 'name' (not an option of a config group)")
+        return str(node.name)
+    return format_choice(node)
+
+
+def format_choice(value: Any) -> str:
+    """How a value is written on the command line: booleans as true/false, enums by value."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(getattr(value, "value", value))
+
+
+def _has(cfg: DictConfig, path: str) -> bool:
+    parent, _, leaf = path.rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    return isinstance(node, DictConfig) and leaf in node
+
+
+def semantic(cfg: DictConfig) -> dict:
+    """The part of a resolved config that decides what a run computes (not how or where it runs)."""
+    container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    return {k: v for k, v in container.items() if k not in schema.NON_SEMANTIC_KEYS and k != "hydra"}
+
+
+def signature(cfg: DictConfig) -> str:
+    """A run's identity: a short hash of its semantic config, independent of key order, launcher and tracking."""
+    canonical = json.dumps(semantic(cfg), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def flatten(container: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values."""
+    if not isinstance(container, dict):
+        return {prefix: container}
+    flat: dict[str, Any] = {}
+    for key, value in container.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, name))
+        else:
+            flat[name] = value
+    return flat

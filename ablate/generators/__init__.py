@@ -1,0 +1,1 @@
+"""Generators: produce rollouts (tokens, generator log-probs, policy versions, rewards) and validation pass rates."""

@@ -1,0 +1,172 @@
+"""generator=mock: a simulator for dry runs, not a model.
+
+Each run follows a known ground truth, the sigmoid law of the paper (Eq. 1) in compute C (GPU-hours):
+    R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)
+with A, B, C_mid = conf's truth plus the effect of every axis choice the run makes ("loss=dapo": {A: -0.06, ...}).
+Validation is mean@k over n prompts: each prompt's pass rate is drawn from a Beta around R(C) (prompts differ in
+difficulty), each of its k samples passes with that rate; a slow AR(1) wobble in compute moves the whole run.
+Training rollouts: each prompt has a fixed difficulty (a logit offset), its G samples pass with
+sigmoid(logit R(C) + offset); completion lengths are drawn, then the length control's thinking budget (interruption)
+and the generation limits cut them; token ids, generator log-probs and per-token policy versions (from the off-policy
+mode's k) are random but shaped as a real generator's, so everything downstream of generation runs for real.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from ablate.config import choice_of, signature
+from ablate.registry import build
+from ablate.rollouts import Rollouts
+
+INJECTED_TOKEN = 1  # the mock's stand-in for the ids of an injected phrase
+FIRST_SAMPLED_TOKEN = 4
+
+
+@dataclass
+class Truth:
+    A: float
+    B: float
+    C_mid: float
+    R0: float
+
+    def __call__(self, compute: float) -> float:
+        if compute <= 0:
+            return self.R0
+        return self.R0 + (self.A - self.R0) / (1.0 + (self.C_mid / compute) ** self.B)
+
+
+def variant_truth(cfg: DictConfig) -> Truth:
+    """The truth of the run `cfg` describes: the base truth plus every effect whose `path=choice` the run makes."""
+    mock = cfg.generator
+    A, B, C_mid = mock.truth.A, mock.truth.B, mock.truth.C_mid
+    for key, effect in mock.effects.items():
+        path, sep, choice = key.partition("=")
+        if not sep:
+            raise ValueError(f"generator.effects: key '{key}' must read path=choice, e.g. loss=dapo")
+        if choice_of(cfg, path) == choice:
+            A, B, C_mid = A + effect.A, B + effect.B, C_mid * effect.C_mid
+    if not (mock.truth.R0 < A <= 1 and B > 0 and C_mid > 0):
+        raise ValueError(f"generator: the effects give an impossible truth A={A}, B={B}, C_mid={C_mid}")
+    return Truth(A=A, B=B, C_mid=C_mid, R0=mock.truth.R0)
+
+
+class MockGenerator:
+    def __init__(self, truth: dict, effects: dict, gpu_hours: float, reference_length_frac: float, wobble_sd: float,
+                 wobble_gpu_hours: float, prompt_spread: float, *, cfg: DictConfig):
+        self.truth = variant_truth(cfg)
+        seed = int(hashlib.sha256(f"{cfg.seed}:{signature(cfg)}".encode()).hexdigest()[:8], 16)
+        self.rng = np.random.default_rng(seed)
+        self.length_control = build(cfg.length_control)
+        self.off_policy = build(cfg.off_policy)
+        self.gen, self.task = cfg.generation, cfg.task
+        self.samples_per_prompt = int(cfg.batch.samples_per_prompt)
+        self.gpu_hours_per_step = gpu_hours / cfg.train.steps
+        self.reference_length_frac = reference_length_frac
+        self.wobble_sd, self.wobble_gpu_hours, self.kappa = wobble_sd, wobble_gpu_hours, prompt_spread
+        self.vocab = int(cfg.model.vocab_size)
+        self.phrase_tokens = len(self.length_control.phrase.split()) if self.length_control.phrase else 0
+        self._wobble, self._wobble_at = 0.0, 0.0
+
+    def describe(self) -> dict:
+        """Params logged with the run: the ground truth, so a report can be checked against it."""
+        return {f"mock.truth.{k}": v for k, v in vars(self.truth).items()}
+
+    # ------------------------------------------------------------------------------------------------ validation
+    def validate(self, compute: float) -> float:
+        """mean@k pass rate over task.n_val_prompts held-out prompts at `compute` GPU-hours."""
+        rate = min(max(self.truth(compute) + self._advance_wobble(compute), 1e-4), 1 - 1e-4)
+        n, k = int(self.task.n_val_prompts), int(self.task.val_samples)
+        per_prompt = self.rng.beta(rate * self.kappa, (1 - rate) * self.kappa, size=n)
+        return float(self.rng.binomial(k, per_prompt).sum() / (n * k))
+
+    def _advance_wobble(self, compute: float) -> float:
+        if self.wobble_sd <= 0 or compute <= 0:
+            return 0.0
+        rho = math.exp(-max(compute - self._wobble_at, 0.0) / self.wobble_gpu_hours)
+        self._wobble = rho * self._wobble + math.sqrt(1 - rho * rho) * self.wobble_sd * self.rng.standard_normal()
+        self._wobble_at = compute
+        return self._wobble
+
+    # ------------------------------------------------------------------------------------------------- rollouts
+    def rollouts(self, prompt_ids: list[int], step: int, compute: float) -> Rollouts:
+        """G completions for each prompt, as the policy of `step` (trained on `compute` GPU-hours) would give."""
+        G, P = self.samples_per_prompt, len(prompt_ids)
+        N = P * G
+        rate = min(max(self.truth(compute), 1e-4), 1 - 1e-4)
+        offsets = np.array([self._difficulty(p) for p in prompt_ids])
+        p_pass = 1 / (1 + np.exp(-(math.log(rate / (1 - rate)) + offsets)))
+        correct = self.rng.random((P, G)) < p_pass[:, None]
+
+        max_think, max_answer = int(self.gen.max_think_tokens), int(self.gen.max_answer_tokens)
+        natural = np.ceil((max_think + max_answer) * self.rng.gamma(5.0, 0.5 / 5.0, size=N)).astype(int)
+        think = np.maximum(np.round(natural * 0.85).astype(int), 1)
+        answer = np.maximum(natural - think, 1)
+        injected = np.zeros(N, dtype=int)
+        truncated = np.zeros(N, dtype=bool)
+        for i in range(N):
+            budget = self.length_control.think_budget(self.rng, max_think)
+            if budget is not None and think[i] > budget:  # interrupted: phrase injected, then the answer
+                think[i], injected[i] = budget, self.phrase_tokens
+                truncated[i] = answer[i] > max_answer
+                answer[i] = min(answer[i], max_answer)
+            elif think[i] + answer[i] > max_think + max_answer:  # cut at the generation limit
+                truncated[i] = True
+                answer[i] = max(max_think + max_answer - think[i], 0)
+                think[i] = min(think[i], max_think + max_answer)
+        lengths = think + injected + answer
+        correct = correct.reshape(N) & ~truncated
+
+        T = int(lengths.max())
+        pos = np.arange(T)[None, :]
+        inside = pos < lengths[:, None]
+        is_injected = (pos >= think[:, None]) & (pos < (think + injected)[:, None])
+        tokens = np.where(inside, self.rng.integers(FIRST_SAMPLED_TOKEN, self.vocab, size=(N, T)), 0)
+        tokens = np.where(is_injected, INJECTED_TOKEN, tokens)
+        mask = inside & ~is_injected
+        logprobs = np.where(mask, -self.rng.exponential(0.7, size=(N, T)), 0.0)
+
+        return Rollouts(
+            prompt_ids=torch.as_tensor(np.repeat(prompt_ids, G), dtype=torch.int64),
+            group=torch.arange(P).repeat_interleave(G),
+            tokens=torch.as_tensor(tokens, dtype=torch.int64),
+            mask=torch.as_tensor(mask),
+            gen_logprobs=torch.as_tensor(logprobs, dtype=torch.float32),
+            versions=torch.as_tensor(self._versions(step, lengths, T), dtype=torch.int64),
+            lengths=torch.as_tensor(lengths, dtype=torch.int64),
+            rewards=torch.as_tensor(correct, dtype=torch.float32),
+            correct=torch.as_tensor(correct),
+            truncated=torch.as_tensor(truncated),
+        )
+
+    def _difficulty(self, prompt_id: int) -> float:
+        """A prompt's fixed logit offset: the same prompt is as hard in every epoch."""
+        return float(np.random.default_rng(prompt_id).normal(0.0, 1.5))
+
+    def _versions(self, step: int, lengths: np.ndarray, T: int) -> np.ndarray:
+        """Per-token policy versions the off-policy mode allows (oldest = off_policy.oldest_version(step)).
+
+        In flight (PipelineRL): each sequence starts at a version between the oldest and `step` and later tokens
+        come from newer versions, its last token from `step`. Otherwise (PPO-off-policy) the whole batch comes
+        from the oldest version.
+        """
+        oldest = self.off_policy.oldest_version(step)
+        N = len(lengths)
+        if not self.off_policy.in_flight:
+            return np.full((N, T), oldest)
+        start = self.rng.integers(oldest, step + 1, size=N)
+        frac = np.minimum(np.arange(T)[None, :] / np.maximum(lengths[:, None] - 1, 1), 1.0)
+        return np.floor(start[:, None] + (step - start)[:, None] * frac + 1e-9).astype(int)
+
+    # ------------------------------------------------------------------------------------------------- compute
+    def step_gpu_hours(self, rollouts: Rollouts, wall_seconds: float) -> float:
+        """The simulated device-hours of one step: a share of `gpu_hours`, scaled by the completion lengths."""
+        max_len = self.gen.max_think_tokens + self.gen.max_answer_tokens
+        length_frac = float(rollouts.lengths.float().mean()) / max_len
+        return self.gpu_hours_per_step * length_frac / self.reference_length_frac

@@ -1,0 +1,27 @@
+"""The data a generator hands the trainer for one optimizer step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Rollouts:
+    """N completions (G per prompt) padded to T tokens. Shapes in comments."""
+
+    prompt_ids: torch.Tensor  # [N] int64: the task's id of each completion's prompt
+    group: torch.Tensor  # [N] int64: 0..P-1, the prompt's position in this batch (completions of a prompt share it)
+    tokens: torch.Tensor  # [N, T] int64: completion token ids (padding: 0)
+    mask: torch.Tensor  # [N, T] bool: tokens the loss sees (sampled by the policy; not padding, not injected)
+    gen_logprobs: torch.Tensor  # [N, T] float32: log-prob of each token under the generator's policy
+    versions: torch.Tensor  # [N, T] int64: the policy version that produced each token
+    lengths: torch.Tensor  # [N] int64: completion length in tokens, injected tokens included
+    rewards: torch.Tensor  # [N] float32: the task's reward (the trainer adds the length control's shaping)
+    correct: torch.Tensor  # [N] bool: the answer checked correct (pass rates, No-Positive-Resampling)
+    truncated: torch.Tensor  # [N] bool: hit a length limit without an answer
+
+    @property
+    def n(self) -> int:
+        return int(self.tokens.shape[0])

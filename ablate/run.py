@@ -1,0 +1,177 @@
+"""What `python -m ablate` does: one run in the foreground, or a sweep of variants submitted as one job array.
+
+    compose the base config -> the sweep emits variants (name, overrides) -> compose each -> signature
+    -> MLflow parent run for the sweep -> skip variants FINISHED with the same signature -> submit the rest
+    -> (local) watch with a progress display -> report
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from hydra.utils import get_method
+from omegaconf import DictConfig, OmegaConf
+
+from ablate import tracking
+from ablate.config import compose, merge_overrides, override_key, signature
+from ablate.progress import SweepDisplay, StepBar
+from ablate.sweeps import Variant
+from launch.submit import JobSpec, Submission, submit
+
+
+@dataclass
+class Planned:
+    variant: Variant
+    cfg: DictConfig
+    signature: str
+
+
+def plan(cfg: DictConfig, overrides: Sequence[str]) -> list[Planned]:
+    """The sweep's variants, each composed from the command line's overrides followed by its own."""
+    emit = get_method(cfg.sweep.emit)
+    base = [o for o in overrides if not override_key(o).startswith("sweep")]
+    planned = []
+    for variant in emit(cfg, overrides):
+        variant_cfg = compose(merge_overrides(base, variant.overrides)) if variant.overrides else cfg
+        planned.append(Planned(variant, variant_cfg, signature(variant_cfg)))
+    names = [p.variant.name for p in planned]
+    if len(set(names)) != len(names):
+        raise ValueError(f"the sweep emits duplicate variant names: {names}")
+    return planned
+
+
+def sweep_id(cfg: DictConfig, planned: Sequence[Planned]) -> str:
+    """loo-3fa2c1: the sweep's kind and a hash of its variants' signatures (the same sweep gets the same id)."""
+    digest = hashlib.sha256(" ".join(sorted(p.signature for p in planned)).encode()).hexdigest()[:6]
+    return f"{cfg.sweep.name}-{digest}"
+
+
+def print_plan(planned: Sequence[Planned], title: str) -> None:
+    rows = [("variant", "overrides", "signature")]
+    rows += [(p.variant.name, " ".join(p.variant.overrides) or "(the recipe)", p.signature) for p in planned]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    print(title)
+    for i, row in enumerate(rows):
+        print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        if i == 0:
+            print("  " + "  ".join("-" * w for w in widths))
+
+
+def variant_tags(p: Planned, sweep: str) -> dict[str, str]:
+    return {"ablate.sweep": sweep, "ablate.variant": p.variant.name, "ablate.axis": p.variant.axis,
+            "ablate.choice": p.variant.choice, "ablate.signature": p.signature}
+
+
+def run_single(cfg: DictConfig, overrides: Sequence[str]) -> int:
+    """`python -m ablate`: the composed config once, here, in the foreground, with a progress bar."""
+    (p,) = plan(cfg, overrides)
+    uri = tracking.check_reachable(cfg.tracking.uri, cfg.tracking.timeout_s)
+    client = tracking.client(uri)
+    exp_id = tracking.experiment_id(client, cfg.tracking.experiment)
+    done = tracking.find_finished(client, exp_id, p.signature)
+    if done is not None and not cfg.sweep.force:
+        print(f"{p.variant.name} ({p.signature}) already FINISHED as MLflow run {done.info.run_id} in experiment "
+              f"'{cfg.tracking.experiment}'; nothing to do (sweep.force=true runs it again).")
+        return 0
+    run_id = tracking.create_variant_run(client, exp_id, p.variant.name, variant_tags(p, "none"))
+    print(f"{p.variant.name}: MLflow run {run_id} in experiment '{cfg.tracking.experiment}' at {uri}")
+    from ablate.trainer import train
+
+    state = train(p.cfg, run_id, uri, progress=StepBar(p.variant.name), spill_dir=Path(cfg.launcher.folder))
+    print(f"done: {state.step} steps, {state.gpu_hours:,.1f} GPU-hours")
+    return 0
+
+
+def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
+    """`python -m ablate sweep=loo`: every variant as one job array; with the local cluster, watch and report."""
+    planned = plan(cfg, overrides)
+    sid = sweep_id(cfg, planned)
+    if cfg.sweep.dry_run:
+        print_plan(planned, f"sweep {sid}: {len(planned)} variants (dry run: nothing submitted)")
+        return 0
+    print_plan(planned, f"sweep {sid}: {len(planned)} variants")
+
+    uri = tracking.check_reachable(cfg.tracking.uri, cfg.tracking.timeout_s)  # before any job starts
+    client = tracking.client(uri)
+    exp_id = tracking.experiment_id(client, cfg.tracking.experiment)
+    parent = tracking.sweep_parent(client, exp_id, sid, {"ablate.overrides": " ".join(overrides)[:5000]})
+    folder = Path(cfg.launcher.folder).resolve() / sid
+
+    specs, finished = [], {}
+    for p in planned:
+        done = None if cfg.sweep.force else tracking.find_finished(client, exp_id, p.signature)
+        if done is not None:
+            finished[p.signature] = done.info.run_id
+            specs.append(JobSpec(p.variant.name, p.signature, meta={"run_id": done.info.run_id}))
+            continue
+        run_id = tracking.create_variant_run(client, exp_id, p.variant.name, variant_tags(p, sid), parent)
+        config = OmegaConf.to_container(p.cfg, resolve=True, enum_to_str=True)
+        specs.append(JobSpec(p.variant.name, p.signature, (config, run_id, uri, str(folder)), {"run_id": run_id}))
+
+    from ablate.job import run_variant
+
+    launcher = OmegaConf.to_container(cfg.launcher, resolve=True, enum_to_str=True)
+    submission = submit(run_variant, specs, launcher, folder, job_name=f"ablate-{sid}",
+                        done=lambda spec: finished.get(spec.signature))
+    skipped = [it for it in submission.items if it.skipped_as]
+    new = [it for it in submission.items if not it.skipped_as]
+    print(f"parent run {parent} in experiment '{cfg.tracking.experiment}' at {uri}")
+    print(f"{len(new)} to run, {len(skipped)} already FINISHED (skipped); jobs in {folder}")
+    if submission.cluster == "slurm" or not cfg.launcher.watch:
+        for it in new:
+            print(f"  {it.spec.name}: job {it.job_id or '(waiting for a local slot)'}")
+        return 0
+
+    failed = watch(submission, client)
+    client.set_terminated(parent, status="FAILED" if failed else "FINISHED")
+    if cfg.sweep.report:
+        make_report(cfg, uri, sid, [it.spec.meta["run_id"] for it in submission.items])
+    return 1 if failed else 0
+
+
+def watch(submission: Submission, client) -> list[str]:
+    """Start local jobs as slots free and show each variant's progress until all end. Returns the failed names."""
+    display = SweepDisplay(client, submission)
+    failed: list[str] = []
+    while True:
+        submission.poll()
+        display.update()
+        if submission.finished():
+            break
+        time.sleep(0.5)
+    for it in submission.items:
+        if it.job is None:
+            continue
+        error = _job_error(it.job)
+        if error:
+            failed.append(it.spec.name)
+            print(f"\n{it.spec.name} failed (job {it.job_id}):\n{error}", file=sys.stderr)
+    display.update(final=True)
+    return failed
+
+
+def _job_error(job) -> Optional[str]:
+    try:
+        exc = job.exception()
+    except Exception as err:  # noqa: BLE001 - a job killed before writing its result
+        exc = err
+    if exc is None:
+        return None
+    tail = (job.stderr() or "").strip().splitlines()[-25:]
+    return "\n".join(tail) if tail else str(exc)
+
+
+def make_report(cfg: DictConfig, uri: str, sid: str, run_ids: Sequence[str]) -> None:
+    from analysis import make_report as report
+
+    out = Path("outputs") / cfg.name / "reports" / sid
+    result = report(cfg.tracking.experiment, tracking_uri=uri, out_dir=out, sweep=sid, run_ids=list(run_ids))
+    print(result.table_md)
+    print(f"report: {result.html.resolve()}")
+    if result.artifact_error:
+        print(f"warning: {result.artifact_error}", file=sys.stderr)

@@ -1,0 +1,302 @@
+"""The structured schema of the config tree (conf/), registered in Hydra's ConfigStore.
+
+Every YAML option names its schema in its defaults list (``- /schema/<group>/<option>@_here_``), so a key that does
+not exist or a value of the wrong type fails when the config is composed, with the key's name in the message; an
+unknown option (``loss=nope``) fails with the list of options Hydra finds in the group.
+
+Each axis option carries ``name`` (its YAML file's name: tags, LOO derivation and the mock's effects use it) and
+``_target_`` (the function or class the trainer calls). The schema's defaults are the paper's values
+(shared/notes/scalerl-facts.md); the embedded ``experiment=tiny`` shrinks them for a laptop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+# ----------------------------------------------------------------------------------------------------------- axes
+@dataclass
+class Option:
+    name: str = MISSING  # the option's name, as its YAML file is named
+    _target_: str = MISSING  # what the trainer calls (import path)
+
+
+@dataclass
+class Cispo(Option):
+    eps_max: float = 4.0  # absolute cap on the importance ratio rho (paper: 4, 5, 8 alike)
+
+
+@dataclass
+class Dapo(Option):
+    eps_low: float = 0.2  # clip(rho, 1 - eps_low, 1 + eps_high); no dual clip
+    eps_high: float = 0.28
+
+
+@dataclass
+class Gspo(Option):
+    eps_low: float = 3e-3  # sequence-level clip range (ScaleRL's tuned values)
+    eps_high: float = 5e-3
+
+
+@dataclass
+class Grpo(Option):
+    eps: float = 0.2  # symmetric PPO clip
+
+
+@dataclass
+class Aggregation(Option):
+    pass
+
+
+@dataclass
+class Normalization(Option):
+    eps: float = 1e-6  # added to the standard deviation before dividing
+
+
+@dataclass
+class Precision(Option):
+    head_dtype: str = "float32"  # dtype of the LM head and the logits
+    generator_side: bool = True  # the same head precision on the generator as on the trainer
+
+
+@dataclass
+class LengthControl(Option):
+    pass
+
+
+@dataclass
+class Interruption(LengthControl):
+    # The thinking budget of each rollout is drawn uniformly in [min_frac, max_frac] * generation.max_think_tokens
+    # (paper: 10k-12k of 12,288); then `phrase` is injected and the model gets generation.max_answer_tokens more.
+    think_budget_min_frac: float = 10240 / 12288
+    think_budget_max_frac: float = 1.0
+    phrase: str = "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>"
+
+
+@dataclass
+class LengthPenalty(LengthControl):
+    # DAPO overlong penalty over the whole completion: L_max = max_think + max_answer tokens; the penalty ramps over
+    # the last l_cache_frac * L_max tokens (paper: L_cache 2k of L_max 14k).
+    l_cache_frac: float = 2048 / 14336
+
+
+@dataclass
+class OffPolicy(Option):
+    k: int = 8  # in optimizer steps (DESIGN.md, Semantics pinned)
+    in_flight: bool = True  # weights reach the generator mid-generation (PipelineRL) or only between batches
+
+
+class NprMode(str, Enum):
+    last = "last"  # the pass rate of the prompt's last epoch
+    cumulative = "cumulative"  # the pass rate over all its epochs so far
+
+
+@dataclass
+class Filtering(Option):
+    zero_variance: bool = True  # drop prompts whose samples all got the same reward (not resampled)
+    no_positive_resampling: bool = True  # drop prompts from later epochs once their pass rate >= npr_threshold
+    npr_threshold: float = 0.9
+    npr_mode: NprMode = NprMode.last
+
+
+# ---------------------------------------------------------------------------------------- what is trained, on what
+@dataclass
+class Model:
+    name: str = MISSING
+    path: Optional[str] = None  # local path or hub name; None builds the tiny model from the fields below
+    vocab_size: int = 512
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    dtype: str = "bfloat16"
+
+
+@dataclass
+class Task:
+    name: str = MISSING
+    n_train_prompts: int = 52000  # paper: Polaris-53K less 1,000 held out
+    n_val_prompts: int = 1000  # held out
+    val_samples: int = 16  # mean@k
+    data_path: Optional[str] = None
+
+
+@dataclass
+class Generator:
+    name: str = MISSING
+    _target_: str = MISSING
+
+
+@dataclass
+class Truth:
+    A: float = 0.61  # the asymptote of the variant with every axis at ScaleRL's choice (paper Table 1)
+    B: float = 1.92
+    C_mid: float = 2542.0  # GPU-hours
+    R0: float = 0.30  # pass rate before RL
+
+
+@dataclass
+class Effect:
+    A: float = 0.0  # added to A
+    B: float = 0.0  # added to B
+    C_mid: float = 1.0  # multiplies C_mid
+
+
+@dataclass
+class MockGenerator(Generator):
+    truth: Truth = field(default_factory=Truth)
+    # "path=choice" (an override as typed on the command line) -> its effect on the truth, applied when it matches
+    effects: Dict[str, Effect] = field(default_factory=dict)
+    gpu_hours: float = 16000.0  # compute after train.steps steps at the reference length (paper: a LOO run's 16k)
+    reference_length_frac: float = 0.5  # mean completion length / max length at which `gpu_hours` holds
+    wobble_sd: float = 0.004  # run-level slow noise on the validation pass rate (AR(1))
+    wobble_gpu_hours: float = 1000.0  # correlation length of the wobble
+    prompt_spread: float = 4.0  # Beta concentration of per-prompt pass rates around the mean (lower = more spread)
+
+
+@dataclass
+class Batch:
+    prompts_per_step: int = 48
+    samples_per_prompt: int = 16
+
+
+@dataclass
+class Generation:
+    max_prompt_tokens: int = 2048
+    max_think_tokens: int = 12288
+    max_answer_tokens: int = 2048
+    temperature: float = 1.0
+
+
+@dataclass
+class Optim:
+    lr: float = 5e-7
+    eps: float = 1e-15
+    weight_decay: float = 0.01
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    warmup_steps: int = 100
+
+
+@dataclass
+class Train:
+    steps: int = 1600  # paper: ~16k GPU-hours for a LOO run
+    val_every: int = 100
+    log_every: int = 1  # metric points are buffered and flushed in batches; this thins them
+    micro_batch_size: int = 8
+    checkpoint_every: int = 100
+
+
+# ----------------------------------------------------------------------------- how it runs (not part of a run's identity)
+class Cluster(str, Enum):
+    auto = "auto"  # slurm when a SLURM controller answers, else local
+    local = "local"
+    debug = "debug"  # in this process, one job after the other (pdb works)
+    slurm = "slurm"
+
+
+@dataclass
+class Launcher:
+    name: str = MISSING
+    cluster: Cluster = Cluster.auto
+    folder: str = "outputs/${name}/jobs"  # submitit logs and pickles, one sub-folder per sweep
+    timeout_min: int = 60 * 24
+    gpus_per_node: int = 0
+    cpus_per_task: int = 1
+    mem_gb: Optional[int] = None
+    nodes: int = 1
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    array_parallelism: int = 64
+    setup: List[str] = field(default_factory=list)  # shell lines run before the job (module load, conda activate)
+    additional: Dict[str, Any] = field(default_factory=dict)  # extra sbatch options
+    max_parallel_local: int = 0  # local cluster: jobs running at once (0 = number of cores)
+    watch: bool = True  # local cluster: wait with a progress display, then make the report
+
+
+@dataclass
+class Tracking:
+    name: str = MISSING
+    uri: str = "${oc.env:MLFLOW_TRACKING_URI,sqlite:///mlflow.db}"
+    experiment: str = "${name}"  # the MLflow experiment
+    flush_every: int = 200  # metric points buffered before one log_batch call
+    timeout_s: float = 5.0  # a tracking server that does not answer in this time is reported dead
+
+
+@dataclass
+class Sweep:
+    name: str = MISSING  # none, loo, recipes
+    emit: str = MISSING  # the function that emits the variants (ablate.sweeps)
+    dry_run: bool = False  # print the variants and submit nothing
+    force: bool = False  # run variants again even when a FINISHED run with the same signature exists
+    recipes: List[str] = field(default_factory=list)  # for sweep=recipes
+    report: bool = True  # a local sweep ends by making the report
+
+
+@dataclass
+class Axis:
+    """One design axis for the LOO sweep: where ScaleRL's choice lives and what the base algorithm chooses."""
+
+    path: str = MISSING  # a config group (loss) or a value (filtering.zero_variance)
+    base: Any = MISSING  # the base algorithm's choice
+    variant: str = MISSING  # the paper's name of the variant that reverts this axis
+
+
+@dataclass
+class AblateConfig:
+    loss: Option = MISSING
+    aggregation: Option = MISSING
+    normalization: Option = MISSING
+    precision: Option = MISSING
+    length_control: Option = MISSING
+    off_policy: Option = MISSING
+    filtering: Option = MISSING
+
+    model: Model = MISSING
+    task: Task = MISSING
+    generator: Generator = MISSING
+    batch: Batch = field(default_factory=Batch)
+    generation: Generation = field(default_factory=Generation)
+    optim: Optim = field(default_factory=Optim)
+    train: Train = field(default_factory=Train)
+    seed: int = 0
+
+    name: str = "default"  # the study: the MLflow experiment and the output folder
+    launcher: Launcher = MISSING
+    tracking: Tracking = MISSING
+    sweep: Sweep = MISSING
+    axes: List[Axis] = field(default_factory=list)
+
+
+# Keys that describe how and where a run happens, not what it computes: left out of the signature.
+NON_SEMANTIC_KEYS = ("name", "launcher", "tracking", "sweep", "axes")
+
+SCHEMAS = {
+    "loss": {"cispo": Cispo, "dapo": Dapo, "gspo": Gspo, "grpo": Grpo},
+    "aggregation": {"option": Aggregation},
+    "normalization": {"option": Normalization},
+    "precision": {"option": Precision},
+    "length_control": {"interruption": Interruption, "length_penalty": LengthPenalty, "option": LengthControl},
+    "off_policy": {"option": OffPolicy},
+    "filtering": {"option": Filtering},
+    "model": {"option": Model},
+    "task": {"option": Task},
+    "generator": {"mock": MockGenerator, "option": Generator},
+    "launcher": {"option": Launcher},
+    "tracking": {"option": Tracking},
+    "sweep": {"option": Sweep},
+}
+
+
+def register() -> None:
+    """Register the schema: the top level as `ablate_schema`, each group's as `schema/<group>/<name>`."""
+    cs = ConfigStore.instance()
+    cs.store(name="ablate_schema", node=AblateConfig)
+    for group, nodes in SCHEMAS.items():
+        for name, node in nodes.items():
+            cs.store(group=f"schema/{group}", name=name, node=node)

@@ -1,0 +1,140 @@
+"""The shared trainer: setup, train, cleanup. It calls what the config names and never branches on an option's name.
+
+Step numbering: step 0 is the pre-RL validation at compute 0 (the law's R0); optimizer step s = 1..train.steps
+trains on rollouts from policy versions s-1-k .. s-1 (version = optimizer steps applied so far) and its metrics are
+logged at step s.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from ablate.config import flatten
+from ablate.registry import build
+from ablate.rollouts import Rollouts
+from ablate.tracking import RunLogger
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int, dict], None]  # (step, total steps, metrics of the step)
+
+
+class PromptSampler:
+    """Epochs over the task's training prompts in a seeded random order, skipping prompts the filter retired."""
+
+    def __init__(self, n_prompts: int, seed: int, prompt_filter):
+        self.n, self.filter = n_prompts, prompt_filter
+        self.rng = np.random.default_rng(seed)
+        self.epoch: list[int] = []
+
+    def next(self, count: int) -> list[int]:
+        batch: list[int] = []
+        while len(batch) < count:
+            if not self.epoch:
+                self.epoch = self.filter.sampleable(self.rng.permutation(self.n).tolist())
+                if not self.epoch:
+                    raise RuntimeError("No-Positive-Resampling retired every training prompt: nothing left to train on")
+            batch.append(self.epoch.pop())
+        return batch
+
+
+@dataclass
+class RunState:
+    step: int = 0
+    gpu_hours: float = 0.0
+    flops: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Optional[Progress] = None,
+          spill_dir: Optional[Path] = None) -> RunState:
+    """Run one variant to the end, logging to the MLflow run `run_id`. Returns the final state."""
+    # ---- setup
+    torch.manual_seed(cfg.seed)
+    tracker = RunLogger(tracking_uri, run_id, flush_every=cfg.tracking.flush_every,
+                        spill_path=(spill_dir / f"{run_id}.jsonl") if spill_dir else None)
+    tracker.client.update_run(run_id, status="RUNNING")
+    generator = build(cfg.generator, cfg=cfg)
+    prompt_filter = build(cfg.filtering)
+    length_control = build(cfg.length_control)
+    sampler = PromptSampler(cfg.task.n_train_prompts, cfg.seed, prompt_filter)
+    params = flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+    tracker.log_params({**params, **getattr(generator, "describe", dict)()})
+    n_params = _parameter_count(cfg.model)
+    l_max = cfg.generation.max_think_tokens + cfg.generation.max_answer_tokens
+    state = RunState()
+
+    try:
+        # ---- train
+        tracker.log_metrics({"val/pass_rate": generator.validate(0.0), "compute/gpu_hours": 0.0,
+                             "compute/flops": 0.0}, step=0)
+        for step in range(1, cfg.train.steps + 1):
+            started = time.perf_counter()
+            prompts = sampler.next(cfg.batch.prompts_per_step)
+            rollouts = generator.rollouts(prompts, step - 1, state.gpu_hours)
+            rewards = rollouts.rewards + length_control.reward_shaping(rollouts.lengths, l_max)
+            keep = prompt_filter.keep(rewards, rollouts.group)
+            prompt_filter.observe(rollouts.prompt_ids, rollouts.correct)
+            # The policy update (advantages -> loss -> aggregation -> optimizer) plugs in here with the RL core.
+            wall = time.perf_counter() - started
+            state.step = step
+            state.gpu_hours += generator.step_gpu_hours(rollouts, wall)
+            state.flops += _step_flops(n_params, rollouts)
+            metrics = {
+                "compute/gpu_hours": state.gpu_hours,
+                "compute/flops": state.flops,
+                "train/reward_mean": float(rewards.mean()),
+                "train/truncation_rate": float(rollouts.truncated.float().mean()),
+                "train/zero_variance_frac": 1.0 - float(keep.float().mean()),
+                "train/npr_dropped": float(len(prompt_filter.retired())),
+                **_staleness(rollouts, step - 1),
+                "perf/tokens_per_s": float(rollouts.mask.sum()) / max(wall, 1e-9),
+            }
+            if step % cfg.train.val_every == 0 or step == cfg.train.steps:
+                metrics["val/pass_rate"] = generator.validate(state.gpu_hours)
+            if step % cfg.train.log_every == 0 or "val/pass_rate" in metrics:
+                tracker.log_metrics(metrics, step=step)
+            if progress is not None:
+                progress(step, cfg.train.steps, metrics)
+    # ---- cleanup: flush what was measured whatever happened, and say how the run ended
+    except KeyboardInterrupt:
+        tracker.close("KILLED")
+        raise
+    except BaseException:
+        tracker.close("FAILED")
+        raise
+    tracker.close("FINISHED")
+    return state
+
+
+def _staleness(rollouts: Rollouts, version: int) -> dict:
+    """Optimizer steps between the policy that produced each trained token and the policy being updated."""
+    mask = rollouts.mask
+    n = int(mask.sum())
+    if n == 0:
+        return {}
+    lag = (version - rollouts.versions).to(torch.float32)  # masked reductions: boolean indexing is slow here
+    return {"train/staleness_min": float(torch.where(mask, lag, torch.inf).min()),
+            "train/staleness_mean": float((lag * mask).sum()) / n,
+            "train/staleness_max": float(torch.where(mask, lag, -torch.inf).max())}
+
+
+def _parameter_count(model: DictConfig) -> int:
+    """A decoder-only transformer's parameters: embeddings plus 12 d^2 per layer (attention 4 d^2, MLP 8 d^2)."""
+    d = model.hidden_size
+    return model.vocab_size * d + 12 * model.num_layers * d * d
+
+
+def _step_flops(n_params: int, rollouts: Rollouts) -> float:
+    """2 N per generated token (forward), 6 N per trained token (forward and backward): Kaplan et al. 2020."""
+    generated = float(rollouts.lengths.sum())
+    trained = float(rollouts.mask.sum())
+    return 2.0 * n_params * generated + 6.0 * n_params * trained

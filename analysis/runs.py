@@ -1,0 +1,205 @@
+"""Load the variant runs of a study from MLflow as plain curves: (step, compute, pass rate) per run.
+
+The contract (written by `ablate`; DESIGN.md): one experiment per study; a sweep parent run tagged
+ablate.role=sweep; variant runs tagged ablate.role=variant, ablate.sweep, ablate.variant, ablate.axis,
+ablate.choice, ablate.signature, with mlflow.parentRunId set when launched by a sweep. Metrics at integer
+step = optimizer step: `val/pass_rate` (step 0 = the pre-RL pass rate) and `compute/gpu_hours` (cumulative).
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Collection
+
+import numpy as np
+
+PASS_RATE = "val/pass_rate"
+COMPUTE = "compute/gpu_hours"
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+HEALTH_TIMEOUT_S = 5.0
+
+
+class AnalysisError(ValueError):
+    """Bad input for an analysis (unknown experiment, no runs, unreachable tracking store): the CLI exits 2."""
+
+
+class ExperimentNotFound(AnalysisError):
+    pass
+
+
+class NoRuns(AnalysisError):
+    pass
+
+
+class TrackingUnavailable(AnalysisError):
+    pass
+
+
+@dataclass
+class RunCurve:
+    """One variant run and its validation curve; compute[i] is the GPU-hours at step[i] (joined on step)."""
+
+    run_id: str
+    run_name: str
+    variant: str
+    axis: str
+    choice: str
+    signature: str
+    status: str  # FINISHED, FAILED, RUNNING, KILLED
+    sweep: str
+    parent_run_id: str | None
+    step: np.ndarray = field(repr=False)
+    compute: np.ndarray = field(repr=False)
+    pass_rate: np.ndarray = field(repr=False)
+    notes: tuple[str, ...] = ()
+
+
+def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
+    """The argument, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory."""
+    return tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+def check_tracking_uri(uri: str, timeout: float = HEALTH_TIMEOUT_S) -> None:
+    """Fail fast instead of letting MLflow retry for minutes or create an empty database.
+
+    http(s): GET <uri>/health with a short timeout. sqlite: the database file must exist (MLflow would otherwise
+    create a fresh one, silently, wherever the command was run)."""
+    if uri.startswith(("http://", "https://")):
+        url = uri.rstrip("/") + "/health"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                if response.status != 200:
+                    raise TrackingUnavailable(f"MLflow tracking server {uri} answered /health with {response.status}")
+        except (urllib.error.URLError, OSError) as err:
+            reason = getattr(err, "reason", err)
+            raise TrackingUnavailable(f"MLflow tracking server {uri} does not answer ({url}: {reason})") from None
+    elif uri.startswith("sqlite:///"):
+        path = uri[len("sqlite:///"):].split("?", 1)[0]
+        if path and path != ":memory:" and not Path(path).exists():
+            raise TrackingUnavailable(f"no MLflow database at {Path(path).resolve()} (tracking URI {uri})")
+
+
+def load_runs(
+    experiment: str, tracking_uri: str | None = None, sweep: str | None = None, run_ids: Collection[str] | None = None
+) -> list[RunCurve]:
+    """The variant runs of `experiment` (optionally of one sweep id, or only `run_ids`), oldest first, with curves.
+
+    `run_ids`, when given, selects alone: a sweep that reused a FINISHED run of another sweep lists it there.
+
+    Deleted runs and sweep parents are left out; runs of any status are kept (the status is on the curve)."""
+    client = _client(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        names = sorted(e.name for e in client.search_experiments())
+        raise ExperimentNotFound(
+            f"experiment {experiment!r} not found at {client.tracking_uri}; experiments there: "
+            + (", ".join(names) if names else "none")
+        )
+    searched = _search_all(client, exp.experiment_id, None if run_ids is not None else sweep)
+    runs = [run for run in searched if _is_variant(run.data.tags)]
+    if run_ids is not None:
+        wanted = set(run_ids)
+        runs = [run for run in runs if run.info.run_id in wanted]
+    runs.sort(key=lambda run: run.info.start_time or 0)
+    return [_curve(client, run) for run in runs]
+
+
+def find_sweep_parent(experiment: str, sweep: str, tracking_uri: str | None = None) -> str | None:
+    """The run id of the parent run of `sweep` (tags ablate.role=sweep, ablate.sweep=sweep), or None."""
+    client = _client(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    query = f"tags.`ablate.role` = 'sweep' and tags.`ablate.sweep` = '{_quote(sweep)}'"
+    found = client.search_runs([exp.experiment_id], filter_string=query, max_results=1)
+    return found[0].info.run_id if found else None
+
+
+# --- helpers ---------------------------------------------------------------------------------------------------
+
+
+def _client(tracking_uri: str | None):
+    from mlflow.tracking import MlflowClient
+
+    uri = resolve_tracking_uri(tracking_uri)
+    check_tracking_uri(uri)
+    return MlflowClient(tracking_uri=uri)
+
+
+def _quote(value: str) -> str:
+    return value.replace("'", "\\'")
+
+
+def _search_all(client, experiment_id: str, sweep: str | None) -> list:
+    query = f"tags.`ablate.sweep` = '{_quote(sweep)}'" if sweep else ""
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], filter_string=query, max_results=1000, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def _is_variant(tags: dict) -> bool:
+    """Variant runs are tagged role=variant; a single run (no sweep) may carry only ablate.variant."""
+    role = tags.get("ablate.role")
+    return role == "variant" or (role is None and "ablate.variant" in tags)
+
+
+def _history(client, run_id: str, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of a metric, sorted by step; of repeated steps (a restart re-logging) the last logged wins."""
+    latest: dict[int, tuple[int, float]] = {}
+    for m in client.get_metric_history(run_id, key):
+        if m.step not in latest or m.timestamp >= latest[m.step][0]:
+            latest[m.step] = (m.timestamp, m.value)
+    steps = np.array(sorted(latest), dtype=np.int64)
+    values = np.array([latest[s][1] for s in steps], dtype=float)
+    return steps, values
+
+
+def _join_on_step(val_steps, val, comp_steps, comp) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]:
+    """Compute at each validation step: exact where logged, else linear in step between the neighbouring compute
+    entries. Step 0 is compute 0 by definition. A validation step past the last compute entry by at most one
+    logging interval (the final validation of a run) is extrapolated from the last segment; later ones are dropped."""
+    if 0 not in comp_steps:
+        order = np.argsort(np.append(0, comp_steps))
+        comp_steps, comp = np.append(0, comp_steps)[order], np.append(0.0, comp)[order]
+    last = comp_steps[-1]
+    gap = int(np.median(np.diff(comp_steps))) if comp_steps.size > 1 else 0
+    known = (val_steps >= 0) & (val_steps <= last + gap)
+    notes = ()
+    if not known.all():
+        notes = (f"{int((~known).sum())} validation points past the last compute entry were dropped",)
+    steps = val_steps[known]
+    compute = np.interp(steps, comp_steps, comp)
+    if comp_steps.size > 1:
+        rate = (comp[-1] - comp[-2]) / (comp_steps[-1] - comp_steps[-2])
+        compute = np.where(steps > last, comp[-1] + (steps - last) * rate, compute)
+    return steps, compute, val[known], notes
+
+
+def _curve(client, run) -> RunCurve:
+    tags = run.data.tags
+    val_steps, val = _history(client, run.info.run_id, PASS_RATE)
+    comp_steps, comp = _history(client, run.info.run_id, COMPUTE)
+    step, compute, pass_rate, notes = _join_on_step(val_steps, val, comp_steps, comp)
+    return RunCurve(
+        run_id=run.info.run_id,
+        run_name=run.info.run_name or "",
+        variant=tags.get("ablate.variant") or run.info.run_name or run.info.run_id[:8],
+        axis=tags.get("ablate.axis", ""),
+        choice=tags.get("ablate.choice", ""),
+        signature=tags.get("ablate.signature", ""),
+        status=run.info.status,
+        sweep=tags.get("ablate.sweep", "none"),
+        parent_run_id=tags.get("mlflow.parentRunId"),
+        step=step,
+        compute=compute,
+        pass_rate=pass_rate,
+        notes=notes,
+    )

@@ -1,0 +1,95 @@
+"""The config tree: every option of every group composes and validates; bad input fails at compose time, clearly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from ablate import schema
+from ablate.config import choice_of, compose, signature
+from conftest import run_cli
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and not p.name.startswith("_"))
+OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF / g).glob("*.yaml"))]
+AXES = ["loss", "aggregation", "normalization", "precision", "length_control", "off_policy", "filtering"]
+NEEDS = {("model", "hf"): ["model.path=/models/some-8b"]}  # options with a required (???) field
+
+
+def test_every_design_axis_is_a_group_with_the_designed_options():
+    options = {g: {o for gg, o in OPTIONS if gg == g} for g in GROUPS}
+    assert options["loss"] >= {"cispo", "dapo", "gspo", "grpo"}
+    assert options["aggregation"] == {"prompt_mean", "sample_mean", "token_mean"}
+    assert options["normalization"] == {"batch", "prompt", "none"}
+    assert options["precision"] == {"fp32_head", "bf16"}
+    assert options["length_control"] == {"interruption", "length_penalty", "truncation"}
+    assert options["off_policy"] == {"pipeline_rl", "ppo_off_policy"}
+    assert options["recipe"] == {"scalerl", "deepseek_grpo", "qwen_dapo", "magistral", "minimax_m1"}
+    assert options["sweep"] >= {"none", "loo", "recipes"}
+    assert options["launcher"] >= {"local", "debug", "slurm"}
+
+
+@pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_option_composes_and_validates(group, option):
+    cfg = compose([f"{group}={option}", *NEEDS.get((group, option), [])])
+    OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # every value resolves, none missing
+    if group in AXES:
+        assert choice_of(cfg, group) == option  # an axis option names itself as its file does
+        assert OmegaConf.get_type(cfg[group]) in schema.SCHEMAS[group].values()  # typed by its schema
+        assert cfg[group]._target_.startswith("ablate.")
+
+
+def test_recipe_scalerl_is_the_default():
+    assert signature(compose(["recipe=scalerl"])) == signature(compose([]))
+    cfg = compose([])
+    assert [choice_of(cfg, a) for a in AXES] == [
+        "cispo", "prompt_mean", "batch", "fp32_head", "interruption", "pipeline_rl", "both"]
+
+
+def test_a_recipe_choice_yields_to_the_command_line():
+    cfg = compose(["recipe=qwen_dapo", "loss=cispo"])
+    assert choice_of(cfg, "loss") == "cispo"
+    assert choice_of(cfg, "off_policy") == "ppo_off_policy"  # the rest of the recipe stays
+    assert cfg.batch.prompts_per_step == 8  # the experiment preset (tiny) applies after the recipe
+
+
+def test_unknown_option_names_group_and_options():
+    with pytest.raises(ConfigCompositionException) as err:
+        compose(["loss=nope"])
+    message = str(err.value)
+    assert "loss/nope" in message and "cispo" in message and "grpo" in message
+
+
+@pytest.mark.parametrize("override,key", [
+    ("loss.eps_max=abc", "eps_max"),
+    ("seed=abc", "seed"),
+    ("batch.prompts_per_step=1.5", "prompts_per_step"),
+    ("filtering.npr_mode=sometimes", "npr_mode"),
+    ("loss.eps_mx=3", "eps_mx"),
+])
+def test_wrong_type_or_unknown_key_fails_at_compose_naming_the_key(override, key):
+    with pytest.raises(ConfigCompositionException) as err:
+        compose([override])
+    assert key in str(err.value) + str(err.value.__cause__)
+
+
+def test_cli_rejects_an_unknown_option(tmp_path):
+    out = run_cli("-m", "ablate", "loss=nope", cwd=tmp_path)
+    assert out.returncode != 0
+    assert "loss" in out.stderr and "nope" in out.stderr and "cispo" in out.stderr
+
+
+def test_cli_rejects_a_wrongly_typed_value(tmp_path):
+    out = run_cli("-m", "ablate", "loss.eps_max=four", cwd=tmp_path)
+    assert out.returncode != 0
+    assert "loss.eps_max" in out.stderr and "four" in out.stderr
+
+
+def test_cli_shows_the_resolved_config(tmp_path):
+    out = run_cli("-m", "ablate", "--cfg", "job", "loss=dapo", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    cfg = OmegaConf.create(out.stdout)
+    assert cfg.loss.name == "dapo" and cfg.loss.eps_high == 0.28
