@@ -42,9 +42,18 @@ def override_key(override: str) -> str:
 
 
 def merge_overrides(first: Sequence[str], then: Sequence[str]) -> list[str]:
-    """`first` followed by `then`, where an override in `then` replaces one in `first` that sets the same key."""
+    """`first` followed by `then`, less what `then` replaces: an override of the same key, or of a key inside it.
+
+    `["loss.eps_max=5", "seed=3"]` then `["loss=dapo"]` -> `["seed=3", "loss=dapo"]`: CISPO's eps_max does not
+    carry over to the DAPO variant (which has no such key).
+    """
     replaced = {override_key(o) for o in then}
-    return [o for o in first if override_key(o) not in replaced] + list(then)
+
+    def kept(override: str) -> bool:
+        key = override_key(override)
+        return not any(key == r or key.startswith(r + ".") for r in replaced)
+
+    return [o for o in first if kept(o)] + list(then)
 
 
 def choice_of(cfg: DictConfig, path: str) -> str:

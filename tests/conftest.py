@@ -32,7 +32,7 @@ def mlflow_uri(tmp_path, _mlflow_template) -> str:
 
 def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """`python -m ...` in a folder, as a user would run it."""
-    full_env = {**os.environ, **(env or {})}
-    full_env.pop("MLFLOW_TRACKING_URI", None) if env is None or "MLFLOW_TRACKING_URI" not in env else None
+    full_env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}  # default: ./mlflow.db
+    full_env.update(env or {})
     return subprocess.run([sys.executable, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=timeout)

@@ -1,0 +1,145 @@
+"""Sweeps are derived from data: the LOO sweep from the axis table, the recipes sweep from its list."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from ablate.config import choice_of, compose, merge_overrides, semantic, signature
+from ablate.run import plan, sweep_id
+from ablate.sweeps import loo, recipes, single
+
+PAPER_LOO = {  # scalerl-facts.md, "The LOO variants", plus loo-npr
+    "loo-dapo": "loss=dapo",
+    "loo-savg": "aggregation=sample_mean",
+    "loo-plan": "normalization=prompt",
+    "loo-fp32": "precision=bf16",
+    "loo-lp": "length_control=length_penalty",
+    "loo-8op": "off_policy=ppo_off_policy",
+    "loo-batch": "filtering.zero_variance=false",
+    "loo-npr": "filtering.no_positive_resampling=false",
+}
+
+
+def test_loo_emits_scalerl_and_the_paper_variants():
+    variants = loo(compose(["sweep=loo"]))
+    assert variants[0].name == "scalerl" and variants[0].overrides == ()
+    assert {v.name: " ".join(v.overrides) for v in variants[1:]} == PAPER_LOO
+    assert len(variants) == 9
+
+
+def test_loo_variant_configs_differ_from_scalerl_on_their_axis_only():
+    planned = {p.variant.name: p for p in plan(compose(["sweep=loo"]), ["sweep=loo"])}
+    base = semantic(planned["scalerl"].cfg)
+    for name, override in PAPER_LOO.items():
+        cfg = planned[name].cfg
+        path, value = override.split("=")
+        assert choice_of(cfg, path) == value
+        changed = {k for k in base if base[k] != semantic(cfg)[k]}
+        assert changed == {path.split(".")[0]}, (name, changed)
+    assert len({p.signature for p in planned.values()}) == 9
+
+
+def test_a_recipe_already_on_the_base_choice_loses_that_variant():
+    names = [v.name for v in loo(compose(["sweep=loo", "loss=dapo"]))]
+    assert "loo-dapo" not in names and len(names) == 8
+    names = [v.name for v in loo(compose(["sweep=loo", "recipe=qwen_dapo"]))]
+    # qwen_dapo: dapo_qwen loss (not the base dapo), prompt mean, prompt norm, bf16, length penalty, PPO-off-policy,
+    # zero-variance filtering on, NPR off -> differs from the base on loss, aggregation and zero-variance only.
+    assert names == ["scalerl", "loo-dapo", "loo-savg", "loo-batch"]
+
+
+def test_an_extra_axis_in_a_config_of_ones_own_gets_a_variant(tmp_path: Path):
+    """A user's config folder adds a loss option and an axis table with two more axes: no code changes."""
+    (tmp_path / "loss").mkdir()
+    (tmp_path / "loss" / "my_loss.yaml").write_text(
+        "defaults: [/schema/loss/dapo@_here_, _self_]\nname: my_loss\n_target_: ablate.rl.losses.dapo\n")
+    (tmp_path / "axes").mkdir()
+    paper = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "axes" / "paper.yaml")
+    extra = [{"path": "optim.warmup_steps", "base": 0, "variant": "loo-warmup"},
+             {"path": "loss", "base": "my_loss", "variant": "loo-mine"}]
+    table = {"axes": [*OmegaConf.to_container(paper.axes)[1:], *extra]}  # and without the loss/dapo line
+    (tmp_path / "axes" / "extended.yaml").write_text("# @package _global_\n" + OmegaConf.to_yaml(table))
+    overrides = [f"hydra.searchpath=[file://{tmp_path}]", "axes=extended", "sweep=loo"]
+    variants = loo(compose(overrides))
+    assert [v.name for v in variants] == ["scalerl", *list(PAPER_LOO)[1:], "loo-warmup", "loo-mine"]
+    assert variants[-2].overrides == ("optim.warmup_steps=0",)
+    planned = plan(compose(overrides), overrides)
+    assert planned[-2].cfg.optim.warmup_steps == 0 and planned[0].cfg.optim.warmup_steps == 10
+    assert planned[-1].cfg.loss.name == "my_loss" and planned[-1].cfg.loss.eps_high == 0.28
+
+
+def test_recipes_sweep_emits_the_five_recipes():
+    planned = plan(compose(["sweep=recipes"]), ["sweep=recipes"])
+    assert [p.variant.name for p in planned] == ["scalerl", "deepseek_grpo", "qwen_dapo", "magistral", "minimax_m1"]
+    assert len({p.signature for p in planned}) == 5
+    assert choice_of(planned[1].cfg, "loss") == "grpo" and choice_of(planned[4].cfg, "loss") == "cispo"
+    # the recipes sweep's scalerl is the LOO sweep's scalerl: the same run
+    loo_planned = plan(compose(["sweep=loo"]), ["sweep=loo"])
+    assert planned[0].signature == loo_planned[0].signature
+
+
+def test_command_line_overrides_apply_to_every_variant():
+    planned = plan(compose(["sweep=loo", "seed=3"]), ["sweep=loo", "seed=3"])
+    assert all(p.cfg.seed == 3 for p in planned)
+    plain = plan(compose(["sweep=loo"]), ["sweep=loo"])
+    assert not {p.signature for p in planned} & {p.signature for p in plain}
+
+
+def test_a_variant_override_replaces_the_command_lines_on_the_same_key():
+    assert merge_overrides(["loss=grpo", "seed=3"], ["loss=dapo"]) == ["seed=3", "loss=dapo"]
+    assert merge_overrides(["loss.eps_max=5", "lossy=1"], ["loss=dapo"]) == ["lossy=1", "loss=dapo"]
+    planned = {p.variant.name: p for p in plan(compose(["sweep=loo", "loss=gspo"]), ["sweep=loo", "loss=gspo"])}
+    assert choice_of(planned["scalerl"].cfg, "loss") == "gspo"
+    assert choice_of(planned["loo-dapo"].cfg, "loss") == "dapo"
+
+
+def test_sweep_id_is_the_same_for_the_same_sweep():
+    a = plan(compose(["sweep=loo"]), ["sweep=loo"])
+    b = plan(compose(["sweep=loo", "launcher=debug"]), ["sweep=loo", "launcher=debug"])
+    cfg = compose(["sweep=loo"])
+    assert sweep_id(cfg, a) == sweep_id(cfg, b)
+    digest = hashlib.sha256(" ".join(sorted(p.signature for p in a)).encode()).hexdigest()[:6]
+    assert sweep_id(cfg, a) == f"loo-{digest}"
+
+
+def test_single_run_is_named_after_its_recipe_and_hand_changes():
+    assert single(compose([]), [])[0].name == "scalerl"
+    assert single(compose(["loss=dapo"]), ["loss=dapo", "seed=2"])[0].name == "scalerl[loss=dapo]"
+    assert single(compose(["recipe=magistral"]), ["recipe=magistral"])[0].name == "magistral"
+
+
+# ----------------------------------------------------------------------------------------------------- signatures
+def test_signature_is_sha256_of_the_canonical_semantic_config():
+    cfg = compose([])
+    container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    for key in ("name", "launcher", "tracking", "sweep", "axes"):
+        container.pop(key)
+    expected = hashlib.sha256(json.dumps(container, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    assert signature(cfg) == expected[:12]
+
+
+def test_signature_ignores_launcher_tracking_and_paths():
+    base = signature(compose([]))
+    for overrides in (["launcher=slurm"], ["launcher=debug", "launcher.folder=/elsewhere"],
+                      ["tracking.uri=http://tracking:5000"], ["name=other"], ["sweep=loo"]):
+        assert signature(compose(overrides)) == base, overrides
+
+
+def test_signature_ignores_key_order_and_sees_every_semantic_value():
+    cfg = compose([])
+    container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    reordered = OmegaConf.create(_reverse(container))
+    assert list(reordered.keys()) != list(cfg.keys())
+    assert signature(reordered) == signature(cfg)
+    for overrides in (["seed=1"], ["loss.eps_max=5"], ["generator.truth.A=0.7"], ["batch.prompts_per_step=9"]):
+        assert signature(compose(overrides)) != signature(cfg), overrides
+
+
+def _reverse(value):
+    if isinstance(value, dict):
+        return {k: _reverse(value[k]) for k in reversed(list(value))}
+    return value
