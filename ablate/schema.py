@@ -153,6 +153,9 @@ class MockGenerator(Generator):
     effects: Dict[str, Effect] = field(default_factory=dict)
     gpu_hours: float = 16000.0  # compute after train.steps steps at the reference length (paper: a LOO run's 16k)
     reference_length_frac: float = 0.5  # mean completion length / max length at which `gpu_hours` holds
+    val_prompts: int = 1000  # the simulated validation set (paper: 1,000 held-out prompts, mean@16)
+    val_samples: int = 16
+    run_sd_A: float = 0.006  # run-to-run spread of A (paper: three runs gave A within +-0.015)
     wobble_sd: float = 0.004  # run-level slow noise on the validation pass rate (AR(1))
     wobble_gpu_hours: float = 1000.0  # correlation length of the wobble
     prompt_spread: float = 4.0  # Beta concentration of per-prompt pass rates around the mean (lower = more spread)

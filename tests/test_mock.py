@@ -37,15 +37,27 @@ def test_truth_follows_the_law():
     assert t(4000.0) == pytest.approx(0.3 + 0.31 / (1 + 0.25))  # (C_mid/C)^B = (1/2)^2
 
 
-def test_validation_is_unbiased_with_the_noise_of_n_prompts_times_k():
+def test_validation_is_unbiased_with_the_binomial_noise_of_a_fixed_prompt_set():
     gen, cfg = _mock("generator.wobble_sd=0")
     draws = np.array([gen.validate(2542.0) for _ in range(400)])
-    truth = gen.truth(2542.0)
-    n, k, kappa = cfg.task.n_val_prompts, cfg.task.val_samples, cfg.generator.prompt_spread
-    # beta-binomial mean of n prompts x k samples: var = p(1-p)/(n k) * (1 + (k-1)/(kappa+1))
-    sd = np.sqrt(truth * (1 - truth) / (n * k) * (1 + (k - 1) / (kappa + 1)))
-    assert abs(draws.mean() - truth) < 4 * sd / np.sqrt(len(draws))
+    R = gen.run_truth(2542.0)
+    n, k, kappa = cfg.generator.val_prompts, cfg.generator.val_samples, cfg.generator.prompt_spread
+    # prompts' rates p_j have mean R and variance R(1-R)/(kappa+1) (a Beta); the set is fixed, so only the samples
+    # are noise: var = mean_j p_j(1-p_j) / (n k) = (R(1-R) - R(1-R)/(kappa+1)) / (n k)
+    sd = np.sqrt(R * (1 - R) * kappa / (kappa + 1) / (n * k))
+    assert abs(draws.mean() - R) < 4 * sd / np.sqrt(len(draws))
     assert draws.std() == pytest.approx(sd, rel=0.15)
+
+
+def test_runs_of_one_variant_differ_in_A_by_the_run_to_run_spread():
+    cfg = _cfg()
+    runs = []
+    for seed in range(40):
+        cfg.seed = seed
+        runs.append(build(cfg.generator, cfg=cfg))
+    assert {r.truth for r in runs} == {runs[0].truth}  # one variant, one truth
+    spread = np.std([r.run_truth.A - r.truth.A for r in runs])
+    assert spread == pytest.approx(0.006, rel=0.35)
 
 
 def test_rollouts_are_shaped_like_a_generators():

@@ -3,8 +3,10 @@
 Each run follows a known ground truth, the sigmoid law of the paper (Eq. 1) in compute C (GPU-hours):
     R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)
 with A, B, C_mid = conf's truth plus the effect of every axis choice the run makes ("loss=dapo": {A: -0.06, ...}).
-Validation is mean@k over n prompts: each prompt's pass rate is drawn from a Beta around R(C) (prompts differ in
-difficulty), each of its k samples passes with that rate; a slow AR(1) wobble in compute moves the whole run.
+Validation is mean@k over a fixed set of n prompts (the paper's 1,000 x mean@16), the same set for every run as in
+the paper: the prompts' pass rates are the n quantiles of a Beta with mean R(C) (prompts differ in difficulty, and
+their mean is R(C)), each of a prompt's k samples passes with its rate (binomial noise). On top: a run's A is off
+its variant's by a run-to-run draw (sd run_sd_A), and a slow AR(1) wobble in compute moves the whole curve.
 Training rollouts: each prompt has a fixed difficulty (a logit offset), its G samples pass with
 sigmoid(logit R(C) + offset); completion lengths are drawn, then the length control's thinking budget (interruption)
 and the generation limits cut them; token ids, generator log-probs and per-token policy versions (from the off-policy
@@ -29,7 +31,7 @@ INJECTED_TOKEN = 1  # the mock's stand-in for the ids of an injected phrase
 FIRST_SAMPLED_TOKEN = 4
 
 
-@dataclass
+@dataclass(frozen=True)
 class Truth:
     A: float
     B: float
@@ -58,14 +60,19 @@ def variant_truth(cfg: DictConfig) -> Truth:
 
 
 class MockGenerator:
-    def __init__(self, truth: dict, effects: dict, gpu_hours: float, reference_length_frac: float, wobble_sd: float,
-                 wobble_gpu_hours: float, prompt_spread: float, *, cfg: DictConfig):
+    def __init__(self, truth: dict, effects: dict, gpu_hours: float, reference_length_frac: float, val_prompts: int,
+                 val_samples: int, run_sd_A: float, wobble_sd: float, wobble_gpu_hours: float, prompt_spread: float,
+                 *, cfg: DictConfig):
         self.truth = variant_truth(cfg)
         seed = int(hashlib.sha256(f"{cfg.seed}:{signature(cfg)}".encode()).hexdigest()[:8], 16)
         self.rng = np.random.default_rng(seed)
+        run_A = min(self.truth.A + run_sd_A * self.rng.standard_normal(), 1.0)
+        self.run_truth = Truth(A=run_A, B=self.truth.B, C_mid=self.truth.C_mid, R0=self.truth.R0)
+        self.val_quantiles = (np.arange(val_prompts) + 0.5) / val_prompts
+        self.val_samples = val_samples
         self.length_control = build(cfg.length_control)
         self.off_policy = build(cfg.off_policy)
-        self.gen, self.task = cfg.generation, cfg.task
+        self.gen = cfg.generation
         self.samples_per_prompt = int(cfg.batch.samples_per_prompt)
         self.gpu_hours_per_step = gpu_hours / cfg.train.steps
         self.reference_length_frac = reference_length_frac
@@ -75,16 +82,18 @@ class MockGenerator:
         self._wobble, self._wobble_at = 0.0, 0.0
 
     def describe(self) -> dict:
-        """Params logged with the run: the ground truth, so a report can be checked against it."""
-        return {f"mock.truth.{k}": v for k, v in vars(self.truth).items()}
+        """Params logged with the run: the variant's truth and this run's A, so a report can be checked against them."""
+        return {**{f"mock.truth.{k}": v for k, v in vars(self.truth).items()}, "mock.run.A": self.run_truth.A}
 
     # ------------------------------------------------------------------------------------------------ validation
     def validate(self, compute: float) -> float:
-        """mean@k pass rate over task.n_val_prompts held-out prompts at `compute` GPU-hours."""
-        rate = min(max(self.truth(compute) + self._advance_wobble(compute), 1e-4), 1 - 1e-4)
-        n, k = int(self.task.n_val_prompts), int(self.task.val_samples)
-        per_prompt = self.rng.beta(rate * self.kappa, (1 - rate) * self.kappa, size=n)
-        return float(self.rng.binomial(k, per_prompt).sum() / (n * k))
+        """mean@k pass rate over the simulated validation prompts at `compute` GPU-hours."""
+        from scipy.special import betaincinv
+
+        rate = min(max(self.run_truth(compute) + self._advance_wobble(compute), 1e-4), 1 - 1e-4)
+        per_prompt = betaincinv(rate * self.kappa, (1 - rate) * self.kappa, self.val_quantiles)
+        k = self.val_samples
+        return float(self.rng.binomial(k, per_prompt).sum() / (len(per_prompt) * k))
 
     def _advance_wobble(self, compute: float) -> float:
         if self.wobble_sd <= 0 or compute <= 0:
@@ -99,7 +108,7 @@ class MockGenerator:
         """G completions for each prompt, as the policy of `step` (trained on `compute` GPU-hours) would give."""
         G, P = self.samples_per_prompt, len(prompt_ids)
         N = P * G
-        rate = min(max(self.truth(compute), 1e-4), 1 - 1e-4)
+        rate = min(max(self.run_truth(compute), 1e-4), 1 - 1e-4)
         offsets = np.array([self._difficulty(p) for p in prompt_ids])
         p_pass = 1 / (1 + np.exp(-(math.log(rate / (1 - rate)) + offsets)))
         correct = self.rng.random((P, G)) < p_pass[:, None]
