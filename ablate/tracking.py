@@ -35,21 +35,29 @@ def resolve_uri(uri: str) -> str:
     return uri
 
 
+def server_problem(uri: str, timeout_s: float = 5.0) -> Optional[str]:
+    """What is wrong with the MLflow server at an http(s) URI ("does not answer (...)"), or None when /health is ok.
+
+    Asked before anything else: MLflow's own client retries a dead server for minutes.
+    """
+    url = uri.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return None if response.status == 200 else f"answered {response.status} on /health"
+    except (urllib.error.URLError, OSError) as err:
+        return f"does not answer ({url}: {getattr(err, 'reason', err)})"
+
+
 def check_reachable(uri: str, timeout_s: float = 5.0) -> str:
     """Fail fast with a clear message when the tracking store does not answer. Returns the resolved URI."""
     uri = resolve_uri(uri)
     if uri.startswith(("http://", "https://")):
-        url = uri.rstrip("/") + "/health"
-        try:
-            with urllib.request.urlopen(url, timeout=timeout_s) as response:
-                if response.status != 200:
-                    raise TrackingUnavailable(f"MLflow tracking server {uri} answered {response.status} on /health")
-        except (urllib.error.URLError, OSError) as err:
-            reason = getattr(err, "reason", err)
+        problem = server_problem(uri, timeout_s)
+        if problem:
             raise TrackingUnavailable(
-                f"MLflow tracking server {uri} does not answer ({reason}). Start it, fix MLFLOW_TRACKING_URI or "
-                f"tracking.uri, or unset it to use a local sqlite database."
-            ) from None
+                f"MLflow tracking server {uri} {problem}. Start it, fix MLFLOW_TRACKING_URI or tracking.uri, or "
+                f"unset it to use a local sqlite database."
+            )
     elif uri.startswith("sqlite:///"):
         folder = Path(uri[len("sqlite:///"):]).parent
         if not folder.is_dir():

@@ -9,13 +9,13 @@ step = optimizer step: `val/pass_rate` (step 0 = the pre-RL pass rate) and `comp
 from __future__ import annotations
 
 import os
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Collection
 
 import numpy as np
+
+from ablate.tracking import server_problem  # stdlib only: no torch, no trainer
 
 PASS_RATE = "val/pass_rate"
 COMPUTE = "compute/gpu_hours"
@@ -69,14 +69,9 @@ def check_tracking_uri(uri: str, timeout: float = HEALTH_TIMEOUT_S) -> None:
     http(s): GET <uri>/health with a short timeout. sqlite: the database file must exist (MLflow would otherwise
     create a fresh one, silently, wherever the command was run)."""
     if uri.startswith(("http://", "https://")):
-        url = uri.rstrip("/") + "/health"
-        try:
-            with urllib.request.urlopen(url, timeout=timeout) as response:
-                if response.status != 200:
-                    raise TrackingUnavailable(f"MLflow tracking server {uri} answered /health with {response.status}")
-        except (urllib.error.URLError, OSError) as err:
-            reason = getattr(err, "reason", err)
-            raise TrackingUnavailable(f"MLflow tracking server {uri} does not answer ({url}: {reason})") from None
+        problem = server_problem(uri, timeout)
+        if problem:
+            raise TrackingUnavailable(f"MLflow tracking server {uri} {problem}")
     elif uri.startswith("sqlite:///"):
         path = uri[len("sqlite:///"):].split("?", 1)[0]
         if path and path != ":memory:" and not Path(path).exists():

@@ -1,0 +1,27 @@
+"""The config tree ships inside the package: the same commands work from a built wheel as from the checkout."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from conftest import ROOT, run_cli
+
+
+def test_a_built_wheel_carries_the_config_tree_and_runs_from_it(tmp_path: Path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(ROOT),
+                    "-w", str(tmp_path / "dist")], check=True, capture_output=True)
+    (wheel,) = (tmp_path / "dist").glob("ablate-*.whl")
+    shipped = {n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("ablate/conf/")}
+    in_repo = {"ablate/conf/" + str(p.relative_to(ROOT / "conf")) for p in (ROOT / "conf").rglob("*.yaml")}
+    assert in_repo and in_repo <= shipped
+
+    zipfile.ZipFile(wheel).extractall(tmp_path / "site")
+    env = {"PYTHONPATH": str(tmp_path / "site")}  # before the editable install on sys.path
+    where = run_cli("-c", "import ablate.conf; print(ablate.conf.__file__)", cwd=tmp_path, env=env)
+    assert where.stdout.strip().startswith(str(tmp_path / "site")), where
+    out = run_cli("-m", "ablate", "sweep=loo", "sweep.dry_run=true", cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "loo-batch" in out.stdout and "9 variants" in out.stdout
