@@ -116,6 +116,8 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     from ablate.job import run_variant
 
     launcher = OmegaConf.to_container(cfg.launcher, resolve=True, enum_to_str=True)
+    if not launcher["watch"]:
+        launcher["max_parallel_local"] = len(specs)  # nobody stays to start waiting local jobs: start them all
     submission = submit(run_variant, specs, launcher, folder, job_name=f"ablate-{sid}",
                         done=lambda spec: finished.get(spec.signature))
     skipped = [it for it in submission.items if it.skipped_as]
@@ -127,7 +129,16 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
             print(f"  {it.spec.name}: job {it.job_id or '(waiting for a local slot)'}")
         return 0
 
-    failed = watch(submission, client)
+    try:
+        failed = watch(submission, client)
+    except KeyboardInterrupt:
+        for it in submission.running():
+            it.job.cancel()  # SIGINT: the trainer flushes its metrics and marks its run KILLED
+        for it in submission.pending:
+            client.set_terminated(it.spec.meta["run_id"], status="KILLED")
+        client.set_terminated(parent, status="KILLED")
+        print("\ninterrupted: running jobs cancelled; what they logged is kept in MLflow", file=sys.stderr)
+        return 130
     client.set_terminated(parent, status="FAILED" if failed else "FINISHED")
     if cfg.sweep.report:
         make_report(cfg, uri, sid, [it.spec.meta["run_id"] for it in submission.items])

@@ -86,3 +86,26 @@ def test_a_changed_override_runs_only_what_is_new(swept):
     assert out.returncode == 0, out.stderr
     # CISPO's eps_max changes every variant but loo-dapo (the DAPO loss has no eps_max): 8 new runs, 1 reused
     assert "8 to run, 1 already FINISHED" in out.stdout
+
+
+def test_failing_variants_are_reported_and_lose_nothing(tmp_path):
+    # NPR with threshold 0 retires every prompt after its first epoch: every variant with NPR on fails at step 2
+    # (loo-npr, NPR off, runs to the end)
+    out = run_cli("-m", "ablate", "sweep=loo", "launcher=local", "train.steps=20", "train.val_every=1",
+                  "filtering.npr_threshold=0.0", "task.n_train_prompts=8", cwd=tmp_path)
+    assert out.returncode == 1
+    assert "retired every training prompt" in out.stderr  # the end of the failed job's traceback
+    client = tracking.client(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+    by_variant = {r.data.tags["ablate.variant"]: r for r in runs if r.data.tags["ablate.role"] == "variant"}
+    parent = next(r for r in runs if r.data.tags["ablate.role"] == "sweep")
+    assert parent.info.status == "FAILED"
+    assert by_variant["loo-npr"].info.status == "FINISHED"
+    for name, run in by_variant.items():
+        if name == "loo-npr":
+            continue
+        assert run.info.status == "FAILED", name
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "val/pass_rate")]
+        assert steps == [0, 1], name  # what was measured before the failure is in MLflow
+    rows = (next((tmp_path / "outputs" / "tiny" / "reports").glob("loo-*")) / "fits.csv").read_text()
+    assert rows.count("\n") == 10  # header + 9 runs: the report is made all the same
