@@ -1,0 +1,49 @@
+"""The policy: a transformers causal LM, and the log-probs of completions under it with the configured LM head.
+
+Works with any transformers causal LM that exposes `get_decoder()` (the hidden states) and
+`get_output_embeddings()` (the LM head): the head is applied by the precision option, so the [N, T, vocab] logits
+are never built whole. Models whose logits get more than the head (Gemma's final soft-capping) are not covered.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from omegaconf import DictConfig
+
+
+def build_policy(model: DictConfig, seed: int = 0) -> torch.nn.Module:
+    """model.path set: load it (a local folder or a hub name). Unset: a tiny Llama with random weights."""
+    import transformers
+
+    dtype = getattr(torch, model.dtype)
+    if model.path:
+        return transformers.AutoModelForCausalLM.from_pretrained(model.path, dtype=dtype)
+    config = transformers.LlamaConfig(
+        vocab_size=model.vocab_size, hidden_size=model.hidden_size, intermediate_size=4 * model.hidden_size,
+        num_hidden_layers=model.num_layers, num_attention_heads=model.num_heads, num_key_value_heads=model.num_heads,
+        max_position_embeddings=4096, tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(config).to(dtype)
+
+
+def completion_logprobs(model: torch.nn.Module, prompt_tokens: torch.Tensor, prompt_mask: torch.Tensor,
+                        tokens: torch.Tensor, lengths: torch.Tensor, head: Callable) -> torch.Tensor:
+    """log pi(tokens[i, t] | prompt_i, tokens[i, :t]) for t < lengths[i]; [N, T] float32 (0 past the length).
+
+    prompt_tokens [N, P] left-padded (prompt_mask marks the real ones); tokens [N, T] right-padded to `lengths`.
+    Injected tokens are part of the context like any other; the loss mask keeps them out of the loss.
+    """
+    N, P = prompt_tokens.shape
+    T = tokens.shape[1]
+    inside = torch.arange(T, device=tokens.device)[None, :] < lengths[:, None]
+    attention = torch.cat([prompt_mask, inside], dim=1)
+    positions = (attention.long().cumsum(dim=1) - 1).clamp(min=0)
+    hidden = model.get_decoder()(input_ids=torch.cat([prompt_tokens, tokens], dim=1), attention_mask=attention.long(),
+                                 position_ids=positions).last_hidden_state
+    predicting = hidden[:, P - 1:P - 1 + T]  # the state at position p predicts the token at p + 1
+    lm_head = model.get_output_embeddings()
+    logp = head(predicting, lm_head.weight, tokens, bias=lm_head.bias)
+    return torch.where(inside, logp, torch.zeros_like(logp))

@@ -1,0 +1,45 @@
+"""Advantage normalization: `normalize(rewards, group, eps=1e-6) -> adv [N]`, rewards [N], group [N] prompt ids.
+
+Every option starts from adv_i = r_i - mean_{g(i)}(r) (the group baseline) and differs in the division:
+    batch   / (std of all the batch's advantages + eps)     ScaleRL
+    prompt  / (std of the prompt's rewards + eps)           GRPO
+    none    no division                                     Dr. GRPO
+Standard deviations are unbiased (as TRL and verl compute them); a single sample has none, so a group of one
+gets adv 0 whatever the option. The trainer normalizes over the samples the loss sees (after zero-variance
+filtering), so the batch std is that of the kept samples.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _group_stats(rewards: torch.Tensor, group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per sample: its group's mean reward, its group's unbiased std (0 for a group of one), its group's size."""
+    n_groups = int(group.max()) + 1 if group.numel() else 0
+    r = rewards.to(torch.float64)
+    count = torch.zeros(n_groups, dtype=torch.float64).index_add(0, group, torch.ones_like(r))
+    mean = torch.zeros(n_groups, dtype=torch.float64).index_add(0, group, r) / count.clamp(min=1)
+    sq = torch.zeros(n_groups, dtype=torch.float64).index_add(0, group, (r - mean[group]) ** 2)
+    std = torch.sqrt(sq / (count - 1).clamp(min=1))
+    return mean[group], std[group], count[group]
+
+
+def none(rewards: torch.Tensor, group: torch.Tensor, eps: float = 1e-6, **_) -> torch.Tensor:
+    """adv = r - mean_group(r) (Dr. GRPO, Liu et al. 2025: no std division)."""
+    mean, _, _ = _group_stats(rewards, group)
+    return (rewards.to(torch.float64) - mean).to(torch.float32)
+
+
+def prompt(rewards: torch.Tensor, group: torch.Tensor, eps: float = 1e-6, **_) -> torch.Tensor:
+    """adv = (r - mean_group(r)) / (std_group(r) + eps) (GRPO; the base algorithm of the LOO)."""
+    mean, std, _ = _group_stats(rewards, group)
+    return ((rewards.to(torch.float64) - mean) / (std + eps)).to(torch.float32)
+
+
+def batch(rewards: torch.Tensor, group: torch.Tensor, eps: float = 1e-6, **_) -> torch.Tensor:
+    """adv = (r - mean_group(r)) / (std over the batch of those differences + eps) (ScaleRL, arXiv 2510.13786)."""
+    centered = none(rewards, group).to(torch.float64)
+    if centered.numel() < 2:
+        return torch.zeros_like(rewards, dtype=torch.float32)
+    return (centered / (centered.std() + eps)).to(torch.float32)
