@@ -59,14 +59,14 @@ class SweepDisplay:
         out = [f"{'variant':<14} {'state':<10} {'step':>11}  {'val':>6}  {'GPU-h':>9}"]
         for it in self.submission.items:
             run_id = it.spec.meta.get("run_id")
-            state, step, val, gpu = ("SKIPPED (done)" if it.skipped_as else "WAITING"), "", "", ""
+            state, step, val, gpu = ("SKIPPED (done)" if it.skipped_as else "SUBMITTED"), "", "", ""
             try:
                 run = self.client.get_run(run_id) if run_id else None
             except Exception:  # noqa: BLE001 - the display must never stop the sweep
                 run = None
             if run is not None:
                 if not it.skipped_as:
-                    state = run.info.status if it.job is not None else "WAITING"
+                    state = run.info.status
                 metrics = {m.key: m for m in run.data._metric_objs}
                 if "compute/gpu_hours" in metrics:
                     step, gpu = str(metrics["compute/gpu_hours"].step), f"{metrics['compute/gpu_hours'].value:,.0f}"

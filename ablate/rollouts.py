@@ -13,6 +13,8 @@ class Rollouts:
 
     prompt_ids: torch.Tensor  # [N] int64: the task's id of each completion's prompt
     group: torch.Tensor  # [N] int64: 0..P-1, the prompt's position in this batch (completions of a prompt share it)
+    prompt_tokens: torch.Tensor  # [N, Tp] int64: each completion's prompt, left-padded
+    prompt_mask: torch.Tensor  # [N, Tp] bool: the real prompt tokens
     tokens: torch.Tensor  # [N, T] int64: completion token ids (padding: 0)
     mask: torch.Tensor  # [N, T] bool: tokens the loss sees (sampled by the policy; not padding, not injected)
     gen_logprobs: torch.Tensor  # [N, T] float32: log-prob of each token under the generator's policy

@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Sequence
 
 from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
@@ -116,8 +116,6 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     from ablate.job import run_variant
 
     launcher = OmegaConf.to_container(cfg.launcher, resolve=True, enum_to_str=True)
-    if not launcher["watch"]:
-        launcher["max_parallel_local"] = len(specs)  # nobody stays to start waiting local jobs: start them all
     submission = submit(run_variant, specs, launcher, folder, job_name=f"ablate-{sid}",
                         done=lambda spec: finished.get(spec.signature))
     skipped = [it for it in submission.items if it.skipped_as]
@@ -126,16 +124,16 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     print(f"{len(new)} to run, {len(skipped)} already FINISHED (skipped); jobs in {folder}")
     if submission.cluster == "slurm" or not cfg.launcher.watch:
         for it in new:
-            print(f"  {it.spec.name}: job {it.job_id or '(waiting for a local slot)'}")
+            print(f"  {it.spec.name}: job {it.job_id}")
         return 0
 
     try:
         failed = watch(submission, client)
     except KeyboardInterrupt:
-        for it in submission.running():
-            it.job.cancel()  # SIGINT: the trainer flushes its metrics and marks its run KILLED
-        for it in submission.pending:
-            client.set_terminated(it.spec.meta["run_id"], status="KILLED")
+        submission.cancel()  # SIGINT: the trainer flushes its metrics and marks its run KILLED
+        for it in submission.todo:
+            if client.get_run(it.spec.meta["run_id"]).info.status == "SCHEDULED":
+                client.set_terminated(it.spec.meta["run_id"], status="KILLED")
         client.set_terminated(parent, status="KILLED")
         print("\ninterrupted: running jobs cancelled; what they logged is kept in MLflow", file=sys.stderr)
         return 130
@@ -146,35 +144,19 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
 
 
 def watch(submission: Submission, client) -> list[str]:
-    """Start local jobs as slots free and show each variant's progress until all end. Returns the failed names."""
+    """Show each variant's progress until every job ends. Returns the names of the variants that failed."""
     display = SweepDisplay(client, submission)
-    failed: list[str] = []
-    while True:
-        submission.poll()
+    while not submission.finished():
         display.update()
-        if submission.finished():
-            break
         time.sleep(0.5)
-    for it in submission.items:
-        if it.job is None:
-            continue
-        error = _job_error(it.job)
+    failed: list[str] = []
+    for it in submission.todo:
+        error = submission.error(it)
         if error:
             failed.append(it.spec.name)
             print(f"\n{it.spec.name} failed (job {it.job_id}):\n{error}", file=sys.stderr)
     display.update(final=True)
     return failed
-
-
-def _job_error(job) -> Optional[str]:
-    try:
-        exc = job.exception()
-    except Exception as err:  # noqa: BLE001 - a job killed before writing its result
-        exc = err
-    if exc is None:
-        return None
-    tail = (job.stderr() or "").strip().splitlines()[-25:]
-    return "\n".join(tail) if tail else str(exc)
 
 
 def make_report(cfg: DictConfig, uri: str, sid: str, run_ids: Sequence[str]) -> None:

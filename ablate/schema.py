@@ -218,7 +218,7 @@ class Launcher:
     array_parallelism: int = 64
     setup: List[str] = field(default_factory=list)  # shell lines run before the job (module load, conda activate)
     additional: Dict[str, Any] = field(default_factory=dict)  # extra sbatch options
-    max_parallel_local: int = 0  # local cluster: jobs running at once (0 = number of cores)
+    max_parallel_local: int = 0  # local cluster: worker processes, each running its share of jobs (0 = cores)
     watch: bool = True  # local cluster: wait with a progress display, then make the report
 
 

@@ -8,6 +8,7 @@ logged at step s.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,13 +19,59 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ablate.config import flatten
+from ablate.policy import build_policy, completion_logprobs
 from ablate.registry import build
+from ablate.rl.aggregation import token_weights
 from ablate.rollouts import Rollouts
 from ablate.tracking import RunLogger
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int, dict], None]  # (step, total steps, metrics of the step)
+
+
+class Learner:
+    """One optimizer step: advantages -> per-token loss -> aggregation -> backward by micro-batch -> AdamW.
+
+    Each piece is the function its config option names (normalization, loss, aggregation, precision). The
+    aggregation's token weights are taken once on the whole batch, so micro-batches with gradient accumulation give
+    the whole batch's gradient exactly.
+    """
+
+    def __init__(self, cfg: DictConfig):
+        self.policy = build_policy(cfg.model, cfg.seed)
+        self.normalize, self.loss = build(cfg.normalization), build(cfg.loss)
+        self.aggregate, self.head = build(cfg.aggregation), build(cfg.precision)
+        self.micro_batch = cfg.train.micro_batch_size
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.optim.lr, eps=cfg.optim.eps,
+                                           betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay)
+        warmup = max(cfg.optim.warmup_steps, 1)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
+
+    def step(self, ro: Rollouts, rewards: torch.Tensor, keep: torch.Tensor) -> dict:
+        mask = ro.mask & keep[:, None]  # filtered prompts leave the loss
+        adv = torch.zeros(ro.n)
+        if keep.any():
+            adv[keep] = self.normalize(rewards[keep], ro.group[keep])
+        weights = token_weights(self.aggregate, mask, ro.group)
+        total = 0.0
+        for start in range(0, ro.n, self.micro_batch):
+            rows = slice(start, start + self.micro_batch)
+            if not mask[rows].any():
+                continue
+            logp = completion_logprobs(self.policy, ro.prompt_tokens[rows], ro.prompt_mask[rows], ro.tokens[rows],
+                                       ro.lengths[rows], self.head)
+            part = (self.loss(logp, ro.gen_logprobs[rows], adv[rows], mask[rows]) * weights[rows]).sum()
+            part.backward()
+            total += part.item()
+        if not math.isfinite(total):
+            raise FloatingPointError(f"the policy loss is {total}: the run diverged")
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"loss/policy": total, "train/adv_abs_mean": float(adv[keep].abs().mean()) if keep.any() else 0.0,
+                "train/lr": lr}
 
 
 class PromptSampler:
@@ -65,6 +112,7 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Optional
     generator = build(cfg.generator, cfg=cfg)
     prompt_filter = build(cfg.filtering)
     length_control = build(cfg.length_control)
+    learner = Learner(cfg)
     sampler = PromptSampler(cfg.task.n_train_prompts, cfg.seed, prompt_filter)
     params = flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
     tracker.log_params({**params, **getattr(generator, "describe", dict)()})
@@ -83,7 +131,7 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Optional
             rewards = rollouts.rewards + length_control.reward_shaping(rollouts.lengths, l_max)
             keep = prompt_filter.keep(rewards, rollouts.group)
             prompt_filter.observe(rollouts.prompt_ids, rollouts.correct)
-            # The policy update (advantages -> loss -> aggregation -> optimizer) plugs in here with the RL core.
+            update = learner.step(rollouts, rewards, keep)
             wall = time.perf_counter() - started
             state.step = step
             state.gpu_hours += generator.step_gpu_hours(rollouts, wall)
@@ -95,6 +143,7 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Optional
                 "train/truncation_rate": float(rollouts.truncated.float().mean()),
                 "train/zero_variance_frac": 1.0 - float(keep.float().mean()),
                 "train/npr_dropped": float(len(prompt_filter.retired())),
+                **update,
                 **_staleness(rollouts, step - 1),
                 "perf/tokens_per_s": float(rollouts.mask.sum()) / max(wall, 1e-9),
             }

@@ -141,9 +141,12 @@ class MockGenerator:
         mask = inside & ~is_injected
         logprobs = np.where(mask, -self.rng.exponential(0.7, size=(N, T)), 0.0)
 
+        prompt_tokens = np.repeat(np.stack([self._prompt(p) for p in prompt_ids]), G, axis=0)
         return Rollouts(
             prompt_ids=torch.as_tensor(np.repeat(prompt_ids, G), dtype=torch.int64),
             group=torch.arange(P).repeat_interleave(G),
+            prompt_tokens=torch.as_tensor(prompt_tokens, dtype=torch.int64),
+            prompt_mask=torch.ones(prompt_tokens.shape, dtype=torch.bool),
             tokens=torch.as_tensor(tokens, dtype=torch.int64),
             mask=torch.as_tensor(mask),
             gen_logprobs=torch.as_tensor(logprobs, dtype=torch.float32),
@@ -153,6 +156,11 @@ class MockGenerator:
             correct=torch.as_tensor(correct),
             truncated=torch.as_tensor(truncated),
         )
+
+    def _prompt(self, prompt_id: int) -> np.ndarray:
+        """A prompt's fixed token ids (half the prompt budget)."""
+        length = max(int(self.gen.max_prompt_tokens) // 2, 1)
+        return np.random.default_rng([prompt_id, 1]).integers(FIRST_SAMPLED_TOKEN, self.vocab, size=length)
 
     def _difficulty(self, prompt_id: int) -> float:
         """A prompt's fixed logit offset: the same prompt is as hard in every epoch."""
