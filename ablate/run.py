@@ -67,8 +67,26 @@ def variant_tags(p: Planned, sweep: str) -> dict[str, str]:
             "ablate.choice": p.variant.choice, "ablate.signature": p.signature}
 
 
+def job_config(cfg: DictConfig) -> dict:
+    """The resolved config a job gets: a plain dict, with local paths made absolute (jobs may start elsewhere)."""
+    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    config["paths"] = {key: str(Path(value).resolve()) for key, value in config["paths"].items()}
+    return config
+
+
+def resumable(client, exp_id: str, signature: str, runs_folder: Path):
+    """The newest unfinished run with this signature that left a checkpoint, or None."""
+    for run in tracking.find_runs(client, exp_id, signature=signature, role="variant"):
+        if run.info.status != "FINISHED" and (runs_folder / run.info.run_id / "checkpoint.pt").exists():
+            return run
+    return None
+
+
 def run_single(cfg: DictConfig, overrides: Sequence[str]) -> int:
-    """`python -m ablate`: the composed config once, here, in the foreground, with a progress bar."""
+    """`python -m ablate`: the composed config once, here, in the foreground, with a progress bar.
+
+    The same run already FINISHED: nothing to do. Left unfinished with a checkpoint (killed, crashed): resumed.
+    """
     (p,) = plan(cfg, overrides)
     uri = tracking.check_reachable(cfg.tracking.uri, cfg.tracking.timeout_s)
     client = tracking.client(uri)
@@ -78,11 +96,19 @@ def run_single(cfg: DictConfig, overrides: Sequence[str]) -> int:
         print(f"{p.variant.name} ({p.signature}) already FINISHED as MLflow run {done.info.run_id} in experiment "
               f"'{cfg.tracking.experiment}'; nothing to do (sweep.force=true runs it again).")
         return 0
-    run_id = tracking.create_variant_run(client, exp_id, p.variant.name, variant_tags(p, "none"))
-    print(f"{p.variant.name}: MLflow run {run_id} in experiment '{cfg.tracking.experiment}' at {uri}")
+    unfinished = None if cfg.sweep.force else resumable(client, exp_id, p.signature, Path(cfg.paths.runs))
+    if unfinished is not None:
+        run_id = unfinished.info.run_id
+        print(f"{p.variant.name}: resuming MLflow run {run_id} ({unfinished.info.status}) from its checkpoint")
+    else:
+        run_id = tracking.create_variant_run(client, exp_id, p.variant.name, variant_tags(p, "none"))
+        print(f"{p.variant.name}: MLflow run {run_id} in experiment '{cfg.tracking.experiment}' at {uri}")
     from ablate.trainer import train
 
-    state = train(p.cfg, run_id, uri, progress=StepBar(p.variant.name), spill_dir=Path(cfg.launcher.folder))
+    state = train(OmegaConf.create(job_config(p.cfg)), run_id, uri, progress=StepBar(p.variant.name))
+    if state.diverged:
+        print(f"diverged at step {state.step + 1}: the run is marked ablate.diverged=true and FAILED")
+        return 1
     print(f"done: {state.step} steps, {state.gpu_hours:,.1f} GPU-hours")
     return 0
 
@@ -110,8 +136,7 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
             specs.append(JobSpec(p.variant.name, p.signature, meta={"run_id": done.info.run_id}))
             continue
         run_id = tracking.create_variant_run(client, exp_id, p.variant.name, variant_tags(p, sid), parent)
-        config = OmegaConf.to_container(p.cfg, resolve=True, enum_to_str=True)
-        specs.append(JobSpec(p.variant.name, p.signature, (config, run_id, uri, str(folder)), {"run_id": run_id}))
+        specs.append(JobSpec(p.variant.name, p.signature, (job_config(p.cfg), run_id, uri), {"run_id": run_id}))
 
     from ablate.job import run_variant
 
@@ -162,7 +187,7 @@ def watch(submission: Submission, client) -> list[str]:
 def make_report(cfg: DictConfig, uri: str, sid: str, run_ids: Sequence[str]) -> None:
     from analysis import make_report as report
 
-    out = Path("outputs") / cfg.name / "reports" / sid
+    out = Path(cfg.paths.outputs) / "reports" / sid
     result = report(cfg.tracking.experiment, tracking_uri=uri, out_dir=out, sweep=sid, run_ids=list(run_ids))
     print(result.table_md)
     print(f"report: {result.html.resolve()}")

@@ -190,7 +190,7 @@ class Train:
     val_every: int = 100
     log_every: int = 1  # metric points are buffered and flushed in batches; this thins them
     micro_batch_size: int = 8
-    checkpoint_every: int = 100
+    checkpoint_every: int = 100  # steps; a killed or preempted run resumes from its last checkpoint
 
 
 # ----------------------------------------------------------------------------- how it runs (not part of a run's identity)
@@ -202,10 +202,16 @@ class Cluster(str, Enum):
 
 
 @dataclass
+class Paths:
+    outputs: str = "outputs/${name}"  # everything a study writes here: jobs, runs, reports
+    runs: str = "${paths.outputs}/runs"  # one folder per MLflow run id: its checkpoint, metrics a dead store refused
+
+
+@dataclass
 class Launcher:
     name: str = MISSING
     cluster: Cluster = Cluster.auto
-    folder: str = "outputs/${name}/jobs"  # submitit logs and pickles, one sub-folder per sweep
+    folder: str = "${paths.outputs}/jobs"  # submitit logs and pickles, one sub-folder per sweep
     timeout_min: int = 60 * 24
     gpus_per_node: int = 0
     cpus_per_task: int = 1
@@ -270,6 +276,7 @@ class AblateConfig:
     seed: int = 0
 
     name: str = "default"  # the study: the MLflow experiment and the output folder
+    paths: Paths = field(default_factory=Paths)
     launcher: Launcher = MISSING
     tracking: Tracking = MISSING
     sweep: Sweep = MISSING
@@ -277,7 +284,7 @@ class AblateConfig:
 
 
 # Keys that describe how and where a run happens, not what it computes: left out of the signature.
-NON_SEMANTIC_KEYS = ("name", "launcher", "tracking", "sweep", "axes")
+NON_SEMANTIC_KEYS = ("name", "paths", "launcher", "tracking", "sweep", "axes")
 
 SCHEMAS = {
     "loss": {"cispo": Cispo, "dapo": Dapo, "gspo": Gspo, "grpo": Grpo},

@@ -148,12 +148,25 @@ class RunLogger:
         self.spill_path = spill_path
         self._metrics: list = []
         self._last_flush = time.monotonic()
+        self._logged_through: dict[str, int] = {}  # after a resume: per key, the last step already in the store
+
+    def resume(self) -> dict[str, float]:
+        """For a run continued by a new process: from now on, skip points at steps the store already holds (what
+        the previous process logged after its last checkpoint). Returns each metric's last logged value."""
+        last: dict[str, float] = {}
+        for key in self.client.get_run(self.run_id).data.metrics:
+            history = self.client.get_metric_history(self.run_id, key)
+            if history:
+                newest = max(history, key=lambda m: (m.step, m.timestamp))
+                self._logged_through[key], last[key] = newest.step, newest.value
+        return last
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self._metrics.extend(Metric(key, float(value), now, int(step)) for key, value in metrics.items())
+        self._metrics.extend(Metric(key, float(value), now, int(step)) for key, value in metrics.items()
+                             if step > self._logged_through.get(key, -1))
         if len(self._metrics) >= self.flush_every or time.monotonic() - self._last_flush > self.flush_seconds:
             self.flush()
 

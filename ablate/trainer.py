@@ -92,46 +92,110 @@ class PromptSampler:
             batch.append(self.epoch.pop())
         return batch
 
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.bit_generator.state, "epoch": list(self.epoch), "filter": self.filter.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self.epoch = list(state["epoch"])
+        self.filter.load_state_dict(state["filter"])
+
 
 @dataclass
 class RunState:
-    step: int = 0
-    gpu_hours: float = 0.0
+    step: int = 0  # optimizer steps done
+    gpu_hours: float = 0.0  # device-hours so far, across restarts
     flops: float = 0.0
-    extra: dict = field(default_factory=dict)
+    resumed_from: Optional[int] = None  # the checkpoint's step when this process resumed the run
+    diverged: bool = False
 
 
-def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Optional[Progress] = None,
-          spill_dir: Optional[Path] = None) -> RunState:
-    """Run one variant to the end, logging to the MLflow run `run_id`. Returns the final state."""
+class Checkpoint:
+    """<paths.runs>/<run id>/checkpoint.pt: everything a run needs to continue where it was (written atomically)."""
+
+    def __init__(self, folder: Path):
+        self.path = folder / "checkpoint.pt"
+
+    def save(self, state: RunState, learner: Learner, sampler: PromptSampler, generator) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "state": vars(state).copy(), "policy": learner.policy.state_dict(),
+            "optimizer": learner.optimizer.state_dict(), "scheduler": learner.scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(), "sampler": sampler.state_dict(),
+            "generator": generator.state_dict() if hasattr(generator, "state_dict") else None,
+        }
+        tmp = self.path.with_suffix(".tmp")
+        torch.save(payload, tmp)
+        tmp.replace(self.path)
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def load(self, state: RunState, learner: Learner, sampler: PromptSampler, generator) -> bool:
+        if not self.path.exists():
+            return False
+        payload = torch.load(self.path, weights_only=False)
+        for key, value in payload["state"].items():
+            setattr(state, key, value)
+        learner.policy.load_state_dict(payload["policy"])
+        learner.optimizer.load_state_dict(payload["optimizer"])
+        learner.scheduler.load_state_dict(payload["scheduler"])
+        torch.set_rng_state(payload["torch_rng"])
+        sampler.load_state_dict(payload["sampler"])
+        if payload["generator"] is not None:
+            generator.load_state_dict(payload["generator"])
+        state.resumed_from = state.step
+        return True
+
+
+def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Optional[Progress] = None) -> RunState:
+    """Run one variant to the end, logging to the MLflow run `run_id`; resume it from its checkpoint if it has one.
+
+    Returns the final state. A non-finite loss ends the run cleanly: tag ablate.diverged=true, status FAILED.
+    """
     # ---- setup
     torch.manual_seed(cfg.seed)
-    tracker = RunLogger(tracking_uri, run_id, flush_every=cfg.tracking.flush_every,
-                        spill_path=(spill_dir / f"{run_id}.jsonl") if spill_dir else None)
-    tracker.client.update_run(run_id, status="RUNNING")
+    folder = Path(cfg.paths.runs) / run_id
+    tracker = RunLogger(tracking_uri, run_id, flush_every=cfg.tracking.flush_every, spill_path=folder / "spill.jsonl")
     generator = build(cfg.generator, cfg=cfg)
-    prompt_filter = build(cfg.filtering)
-    length_control = build(cfg.length_control)
+    prompt_filter, length_control = build(cfg.filtering), build(cfg.length_control)
     learner = Learner(cfg)
     sampler = PromptSampler(cfg.task.n_train_prompts, cfg.seed, prompt_filter)
-    params = flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
-    tracker.log_params({**params, **getattr(generator, "describe", dict)()})
+    checkpoint = Checkpoint(folder)
+    state = RunState()
+    if checkpoint.load(state, learner, sampler, generator):
+        # Steps the killed process logged after its checkpoint stay as they are; none is logged twice, and the
+        # device-hours it spent after the checkpoint still count.
+        last = tracker.resume()
+        state.gpu_hours = max(state.gpu_hours, last.get("compute/gpu_hours", 0.0))
+        log.info("run %s resumes from its step-%d checkpoint", run_id, state.step)
+    else:
+        params = flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+        tracker.log_params({**params, **getattr(generator, "describe", dict)()})
+    tracker.client.update_run(run_id, status="RUNNING")
     n_params = _parameter_count(cfg.model)
     l_max = cfg.generation.max_think_tokens + cfg.generation.max_answer_tokens
-    state = RunState()
 
     try:
         # ---- train
-        tracker.log_metrics({"val/pass_rate": generator.validate(0.0), "compute/gpu_hours": 0.0,
-                             "compute/flops": 0.0}, step=0)
-        for step in range(1, cfg.train.steps + 1):
+        if state.step == 0:
+            tracker.log_metrics({"val/pass_rate": generator.validate(0.0), "compute/gpu_hours": 0.0,
+                                 "compute/flops": 0.0}, step=0)
+        for step in range(state.step + 1, cfg.train.steps + 1):
             started = time.perf_counter()
             prompts = sampler.next(cfg.batch.prompts_per_step)
             rollouts = generator.rollouts(prompts, step - 1, state.gpu_hours)
             rewards = rollouts.rewards + length_control.reward_shaping(rollouts.lengths, l_max)
             keep = prompt_filter.keep(rewards, rollouts.group)
             prompt_filter.observe(rollouts.prompt_ids, rollouts.correct)
-            update = learner.step(rollouts, rewards, keep)
+            try:
+                update = learner.step(rollouts, rewards, keep)
+            except FloatingPointError as err:
+                state.diverged = True
+                tracker.set_tags({"ablate.diverged": "true", "ablate.diverged_step": str(step)})
+                tracker.log_metrics({"train/diverged": 1.0}, step=step)
+                log.warning("run %s diverged at step %d: %s", run_id, step, err)
+                break
             wall = time.perf_counter() - started
             state.step = step
             state.gpu_hours += generator.step_gpu_hours(rollouts, wall)
@@ -151,6 +215,8 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Optional
                 metrics["val/pass_rate"] = generator.validate(state.gpu_hours)
             if step % cfg.train.log_every == 0 or "val/pass_rate" in metrics:
                 tracker.log_metrics(metrics, step=step)
+            if step % cfg.train.checkpoint_every == 0 and step < cfg.train.steps:
+                checkpoint.save(state, learner, sampler, generator)
             if progress is not None:
                 progress(step, cfg.train.steps, metrics)
     # ---- cleanup: flush what was measured whatever happened, and say how the run ended
@@ -160,7 +226,9 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Optional
     except BaseException:
         tracker.close("FAILED")
         raise
-    tracker.close("FINISHED")
+    tracker.close("FAILED" if state.diverged else "FINISHED")
+    if not state.diverged:
+        checkpoint.remove()  # a finished run is not resumed; at 8B its optimizer state alone is ~100 GB
     return state
 
 

@@ -116,7 +116,7 @@ def test_single_run_is_named_after_its_recipe_and_hand_changes():
 def test_signature_is_sha256_of_the_canonical_semantic_config():
     cfg = compose([])
     container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    for key in ("name", "launcher", "tracking", "sweep", "axes"):
+    for key in ("name", "paths", "launcher", "tracking", "sweep", "axes"):
         container.pop(key)
     expected = hashlib.sha256(json.dumps(container, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     assert signature(cfg) == expected[:12]
@@ -124,7 +124,7 @@ def test_signature_is_sha256_of_the_canonical_semantic_config():
 
 def test_signature_ignores_launcher_tracking_and_paths():
     base = signature(compose([]))
-    for overrides in (["launcher=slurm"], ["launcher=debug", "launcher.folder=/elsewhere"],
+    for overrides in (["launcher=slurm"], ["launcher=debug", "launcher.folder=/elsewhere"], ["paths.runs=/scratch"],
                       ["tracking.uri=http://tracking:5000"], ["name=other"], ["sweep=loo"]):
         assert signature(compose(overrides)) == base, overrides
 

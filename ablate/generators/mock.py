@@ -85,6 +85,13 @@ class MockGenerator:
         """Params logged with the run: the variant's truth and this run's A, so a report can be checked against them."""
         return {**{f"mock.truth.{k}": v for k, v in vars(self.truth).items()}, "mock.run.A": self.run_truth.A}
 
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.bit_generator.state, "wobble": self._wobble, "wobble_at": self._wobble_at}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self._wobble, self._wobble_at = state["wobble"], state["wobble_at"]
+
     # ------------------------------------------------------------------------------------------------ validation
     def validate(self, compute: float) -> float:
         """mean@k pass rate over the simulated validation prompts at `compute` GPU-hours."""

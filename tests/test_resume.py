@@ -1,0 +1,85 @@
+"""A real run killed mid-way resumes from its checkpoint into the same MLflow run: no step lost, none twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from ablate import tracking
+from conftest import run_cli
+
+RUN = ["-m", "ablate", "train.steps=300", "train.checkpoint_every=25", "train.val_every=5"]
+
+
+def _variant_runs(folder):
+    client = tracking.client(f"sqlite:///{folder}/mlflow.db")
+    exp = client.get_experiment_by_name("tiny")
+    return client, ([] if exp is None else client.search_runs([exp.experiment_id]))
+
+
+def _last_step(client, run_id) -> int:
+    history = client.get_metric_history(run_id, "compute/gpu_hours")
+    return max((m.step for m in history), default=-1)
+
+
+def test_a_killed_run_resumes_with_no_lost_or_duplicated_steps(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.Popen([sys.executable, *RUN], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 180
+        run_id = None
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+            if not (tmp_path / "mlflow.db").exists():
+                continue
+            client, runs = _variant_runs(tmp_path)
+            if runs and _last_step(client, runs[0].info.run_id) >= 110:
+                run_id = runs[0].info.run_id
+                break
+        assert run_id is not None, "the run did not get far enough"
+        proc.send_signal(signal.SIGKILL)  # no chance to clean up: as a node failure or an OOM kill
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    client, _ = _variant_runs(tmp_path)
+    assert client.get_run(run_id).info.status == "RUNNING"  # left as the kill found it
+    killed_at = _last_step(client, run_id)
+    assert (tmp_path / "outputs" / "tiny" / "runs" / run_id / "checkpoint.pt").exists()
+
+    out = run_cli(*RUN, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert f"resuming MLflow run {run_id}" in out.stdout
+
+    client, runs = _variant_runs(tmp_path)
+    assert [r.info.run_id for r in runs] == [run_id]  # the same run, no second one
+    assert client.get_run(run_id).info.status == "FINISHED"
+    for key in client.get_run(run_id).data.metrics:
+        steps = [m.step for m in client.get_metric_history(run_id, key)]
+        assert len(steps) == len(set(steps)), f"{key}: a step logged twice"
+    compute = sorted(client.get_metric_history(run_id, "compute/gpu_hours"), key=lambda m: m.step)
+    assert [m.step for m in compute] == list(range(0, 301)), "a step is missing"
+    values = [m.value for m in compute]
+    assert all(b >= a for a, b in zip(values, values[1:])), "compute went backwards across the restart"
+    val_steps = sorted(m.step for m in client.get_metric_history(run_id, "val/pass_rate"))
+    assert val_steps == list(range(0, 301, 5))
+    assert killed_at < 300
+    assert not (tmp_path / "outputs" / "tiny" / "runs" / run_id / "checkpoint.pt").exists()
+
+
+def test_a_non_finite_loss_marks_the_run_diverged_and_stops_it_cleanly(tmp_path):
+    out = run_cli("-m", "ablate", "train.steps=20", "optim.lr=1e30", "optim.warmup_steps=0", cwd=tmp_path)
+    assert out.returncode == 1
+    assert "diverged" in out.stdout
+    client, runs = _variant_runs(tmp_path)
+    (run,) = runs
+    assert run.info.status == "FAILED" and run.data.tags["ablate.diverged"] == "true"
+    step = int(run.data.tags["ablate.diverged_step"])
+    assert 1 < step <= 20
+    history = client.get_metric_history(run.info.run_id, "compute/gpu_hours")
+    assert sorted(m.step for m in history) == list(range(0, step))  # every step before the divergence is kept
+    assert "Traceback" not in out.stderr
