@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from ablate import tracking
 from ablate.config import compose, merge_overrides, override_key, signature
 from ablate.progress import SweepDisplay, StepBar
 from ablate.sweeps import Variant
+from launch.status import ALIVE, job_states
 from launch.submit import JobSpec, Submission, submit
 
 
@@ -128,25 +130,42 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     parent = tracking.sweep_parent(client, exp_id, sid, {"ablate.overrides": " ".join(overrides)[:5000]})
     folder = Path(cfg.launcher.folder).resolve() / sid
 
-    specs, finished = [], {}
+    previous = _previous_jobs(folder)
+    specs, skip = [], {}
     for p in planned:
-        done = None if cfg.sweep.force else tracking.find_finished(client, exp_id, p.signature)
+        runs = [] if cfg.sweep.force else tracking.find_runs(client, exp_id, signature=p.signature, role="variant")
+        done = next((r for r in runs if r.info.status == "FINISHED"), None)
+        unfinished = next((r for r in runs if r.info.status != "FINISHED"), None)
         if done is not None:
-            finished[p.signature] = done.info.run_id
-            specs.append(JobSpec(p.variant.name, p.signature, meta={"run_id": done.info.run_id}))
-            continue
-        run_id = tracking.create_variant_run(client, exp_id, p.variant.name, variant_tags(p, sid), parent)
-        specs.append(JobSpec(p.variant.name, p.signature, (job_config(p.cfg), run_id, uri), {"run_id": run_id}))
+            skip[p.signature] = f"FINISHED as run {done.info.run_id}"
+            run_id = done.info.run_id
+        elif unfinished is not None and previous.get(unfinished.info.run_id, ("", ""))[1] in ALIVE:
+            skip[p.signature] = f"still running as job {previous[unfinished.info.run_id][0]}"  # left alone
+            run_id = unfinished.info.run_id
+        elif unfinished is not None:  # failed, killed, or its job is gone: again, resuming from its checkpoint
+            run_id = unfinished.info.run_id
+            client.update_run(run_id, status="SCHEDULED")
+        else:
+            run_id = tracking.create_variant_run(client, exp_id, p.variant.name, variant_tags(p, sid), parent)
+        args = () if p.signature in skip else (job_config(p.cfg), run_id, uri)
+        meta = {"run_id": run_id}
+        if skip.get(p.signature, "").startswith("still running"):
+            meta["job_id"] = previous[run_id][0]  # the manifest keeps pointing at the job that runs it
+        specs.append(JobSpec(p.variant.name, p.signature, args, meta))
 
     from ablate.job import run_variant
 
     launcher = OmegaConf.to_container(cfg.launcher, resolve=True, enum_to_str=True)
+    about = {"sweep": sid, "tracking_uri": uri, "experiment": cfg.tracking.experiment, "parent_run_id": parent,
+             "metrics": ["val/pass_rate", "compute/gpu_hours"]}
     submission = submit(run_variant, specs, launcher, folder, job_name=f"ablate-{sid}",
-                        done=lambda spec: finished.get(spec.signature))
-    skipped = [it for it in submission.items if it.skipped_as]
+                        done=lambda spec: skip.get(spec.signature), about=about)
     new = [it for it in submission.items if not it.skipped_as]
+    finished = sum(1 for it in submission.items if (it.skipped_as or "").startswith("FINISHED"))
+    alive = len(submission.items) - len(new) - finished
     print(f"parent run {parent} in experiment '{cfg.tracking.experiment}' at {uri}")
-    print(f"{len(new)} to run, {len(skipped)} already FINISHED (skipped); jobs in {folder}")
+    print(f"{len(new)} to run, {finished} already FINISHED (skipped)"
+          + (f", {alive} still running (left alone)" if alive else "") + f"; jobs in {folder}")
     if submission.cluster == "slurm" or not cfg.launcher.watch:
         for it in new:
             print(f"  {it.spec.name}: job {it.job_id}")
@@ -166,6 +185,17 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     if cfg.sweep.report:
         make_report(cfg, uri, sid, [it.spec.meta["run_id"] for it in submission.items])
     return 1 if failed else 0
+
+
+def _previous_jobs(folder: Path) -> dict[str, tuple[str, str]]:
+    """From an earlier submission of this sweep: run id -> (job id, its scheduler state now)."""
+    path = folder / "manifest.json"
+    if not path.exists():
+        return {}
+    manifest = json.loads(path.read_text())
+    states = job_states(manifest)
+    return {row["run_id"]: (row["job_id"], states.get(row["job_id"], "")) for row in manifest["jobs"]
+            if row.get("job_id") and row.get("run_id")}
 
 
 def watch(submission: Submission, client) -> list[str]:

@@ -222,6 +222,8 @@ class Launcher:
     qos: Optional[str] = None
     constraint: Optional[str] = None
     array_parallelism: int = 64
+    signal_delay_s: int = 120  # SLURM sends USR2 this long before the time limit: checkpoint, then requeue
+    max_requeues: int = 20  # time limits and preemptions a job may survive
     setup: List[str] = field(default_factory=list)  # shell lines run before the job (module load, conda activate)
     additional: Dict[str, Any] = field(default_factory=dict)  # extra sbatch options
     max_parallel_local: int = 0  # local cluster: worker processes, each running its share of jobs (0 = cores)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,7 +169,8 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Optional
         # device-hours it spent after the checkpoint still count.
         last = tracker.resume()
         state.gpu_hours = max(state.gpu_hours, last.get("compute/gpu_hours", 0.0))
-        log.info("run %s resumes from its step-%d checkpoint", run_id, state.step)
+        tracker.set_tags({"ablate.resumed_from": str(state.step)})
+        print(f"run {run_id} resumes from its step-{state.step} checkpoint", file=sys.stderr, flush=True)
     else:
         params = flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
         tracker.log_params({**params, **getattr(generator, "describe", dict)()})
@@ -216,6 +218,7 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Optional
             if step % cfg.train.log_every == 0 or "val/pass_rate" in metrics:
                 tracker.log_metrics(metrics, step=step)
             if step % cfg.train.checkpoint_every == 0 and step < cfg.train.steps:
+                tracker.flush()  # first: every step up to the checkpoint is in the store before a resume skips it
                 checkpoint.save(state, learner, sampler, generator)
             if progress is not None:
                 progress(step, cfg.train.steps, metrics)

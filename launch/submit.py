@@ -68,6 +68,7 @@ def executor_parameters(launcher: Mapping[str, Any], cluster: str, job_name: str
             if launcher.get(key):
                 params[f"slurm_{key}"] = launcher[key]
         params["slurm_array_parallelism"] = launcher["array_parallelism"]
+        params["slurm_signal_delay_s"] = launcher.get("signal_delay_s", 120)
         if launcher.get("setup"):
             params["slurm_setup"] = list(launcher["setup"])
         if launcher.get("additional"):
@@ -78,10 +79,11 @@ def executor_parameters(launcher: Mapping[str, Any], cluster: str, job_name: str
     return params
 
 
-def make_executor(folder: Path, cluster: str, parameters: Mapping[str, Any]):
+def make_executor(folder: Path, cluster: str, parameters: Mapping[str, Any], max_requeues: int = 20):
     import submitit
 
-    executor = submitit.AutoExecutor(folder=str(folder), cluster=cluster)  # files named <job id>_...
+    executor = submitit.AutoExecutor(folder=str(folder), cluster=cluster,  # files named <job id>_...
+                                     slurm_max_num_timeout=max_requeues)
     executor.update_parameters(**parameters)
     return executor
 
@@ -99,6 +101,22 @@ def _environ(**values: str) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+class Requeueable:
+    """Wraps a job's callable so submitit requeues it on preemption or at its time limit (USR2), with the same
+    arguments: the callable must pick up where it left off (the trainer resumes its run from its checkpoint)."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+    def checkpoint(self, *args: Any):
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, *args)
 
 
 def run_in_turn(fn: Callable, arg_lists: Sequence[tuple]) -> list[Optional[str]]:
@@ -126,8 +144,10 @@ class Submission:
     worker processes, each running its share of the specs in turn (run_in_turn)."""
 
     def __init__(self, fn: Callable, specs: Sequence[JobSpec], executor, cluster: str, folder: Path,
-                 done: Callable[[JobSpec], Optional[str]] = lambda spec: None, max_parallel: int = 0):
+                 done: Callable[[JobSpec], Optional[str]] = lambda spec: None, max_parallel: int = 0,
+                 about: Optional[Mapping[str, Any]] = None):
         self.fn, self.executor, self.cluster, self.folder = fn, executor, cluster, folder
+        self.about = dict(about or {})  # what the caller wants in the manifest (e.g. where the runs are tracked)
         self.items = [Submitted(spec, skipped_as=done(spec)) for spec in specs]
         self.max_parallel = max_parallel or (os.cpu_count() or 1)
 
@@ -149,7 +169,7 @@ class Submission:
                         it.job, it.index = job, index
         else:
             with self.executor.batch():  # one job array
-                jobs = [self.executor.submit(self.fn, *it.spec.args) for it in todo]
+                jobs = [self.executor.submit(Requeueable(self.fn), *it.spec.args) for it in todo]
             for it, job in zip(todo, jobs):
                 it.job = job
         self.write_manifest()
@@ -188,16 +208,19 @@ class Submission:
         rows = [{"variant": it.spec.name, "signature": it.spec.signature, "job_id": it.job_id,
                  "skipped_as": it.skipped_as, **it.spec.meta} for it in self.items]
         path = self.folder / "manifest.json"
-        path.write_text(json.dumps({"cluster": self.cluster, "jobs": rows}, indent=2))
+        path.write_text(json.dumps({"cluster": self.cluster, "folder": str(self.folder), **self.about, "jobs": rows},
+                                   indent=2))
         return path
 
 
 def submit(fn: Callable, specs: Sequence[JobSpec], launcher: Mapping[str, Any], folder: Path, job_name: str,
-           done: Callable[[JobSpec], Optional[str]] = lambda spec: None) -> Submission:
+           done: Callable[[JobSpec], Optional[str]] = lambda spec: None,
+           about: Optional[Mapping[str, Any]] = None) -> Submission:
     """Submit every spec that `done` does not answer for, as one job array; return at once."""
     cluster = resolve_cluster(str(launcher["cluster"]))
-    executor = make_executor(folder, cluster, executor_parameters(launcher, cluster, job_name))
+    executor = make_executor(folder, cluster, executor_parameters(launcher, cluster, job_name),
+                             max_requeues=int(launcher.get("max_requeues", 20)))
     return Submission(fn, specs, executor, cluster, folder, done=done,
-                      max_parallel=int(launcher.get("max_parallel_local") or 0)).start()
+                      max_parallel=int(launcher.get("max_parallel_local") or 0), about=about).start()
 
 

@@ -36,3 +36,22 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300
     full_env.update(env or {})
     return subprocess.run([sys.executable, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A real single-node SLURM cluster (tests/slurm_cluster.py), started once; its SLURM_CONF is exported."""
+    import slurm_cluster
+
+    try:
+        cluster = slurm_cluster.start(tmp_path_factory.mktemp("slurm"))
+    except slurm_cluster.ClusterUnavailable as why:
+        pytest.skip(f"no SLURM cluster: {why}")
+    previous = os.environ.get("SLURM_CONF")
+    os.environ.update(cluster.env)
+    yield cluster
+    cluster.stop()
+    if previous is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = previous

@@ -54,6 +54,7 @@ def test_a_killed_run_resumes_with_no_lost_or_duplicated_steps(tmp_path):
     out = run_cli(*RUN, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert f"resuming MLflow run {run_id}" in out.stdout
+    assert f"run {run_id} resumes from its step-" in out.stderr
 
     client, runs = _variant_runs(tmp_path)
     assert [r.info.run_id for r in runs] == [run_id]  # the same run, no second one

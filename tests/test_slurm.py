@@ -1,0 +1,154 @@
+"""The SLURM path on a real single-node cluster (tests/slurm_cluster.py): job arrays, GPU requests, status,
+requeue and cancel with resume, idempotent re-sweeps. Skipped, with the reason, where the cluster cannot start."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ablate import tracking
+from conftest import run_cli
+from test_sweeps import PAPER_LOO
+
+pytestmark = pytest.mark.slurm
+
+SLURM = ["launcher=slurm", "launcher.cpus_per_task=1", "launcher.gpus_per_node=1", "launcher.mem_gb=1",
+         "launcher.timeout_min=10"]
+
+
+def _ablate(cwd, *overrides, env):
+    return run_cli("-m", "ablate", *SLURM, *overrides, cwd=cwd, env=env)
+
+
+def _status(cwd, *args):
+    return run_cli("-m", "launch", "status", *args, cwd=cwd)
+
+
+def _wait_until_done(cwd, timeout=300) -> subprocess.CompletedProcess:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = _status(cwd)
+        if out.returncode == 2 or not any(s in out.stdout for s in (" pending ", " running ", " requeued ", " unknown ")):
+            return out
+        time.sleep(3)
+    raise AssertionError(f"the sweep did not end in {timeout} s:\n{out.stdout}")
+
+
+def _client(cwd):
+    client = tracking.client(f"sqlite:///{cwd}/mlflow.db")
+    return client, client.get_experiment_by_name("tiny").experiment_id
+
+
+def _manifest(cwd) -> dict:
+    (path,) = (cwd / "outputs" / "tiny" / "jobs").glob("*/manifest.json")
+    return json.loads(path.read_text())
+
+
+def test_a_loo_sweep_is_one_job_array_that_completes_into_mlflow(slurm, tmp_path):
+    started = time.monotonic()
+    out = _ablate(tmp_path, "sweep=loo", "train.steps=10", "train.val_every=5", env=slurm.env)
+    assert out.returncode == 0, out.stderr
+    assert time.monotonic() - started < 60  # returns at once, with the job ids
+    manifest = _manifest(tmp_path)
+    array = {row["job_id"].split("_")[0] for row in manifest["jobs"]}
+    assert len(array) == 1, "one job array"
+    assert all(f"{row['variant']}: job {row['job_id']}" in out.stdout for row in manifest["jobs"])
+
+    status = _wait_until_done(tmp_path)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert status.stdout.count(" completed ") == 9
+    states = slurm.run("sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", array.pop()).stdout.split()
+    assert len(states) == 9 and all(line.endswith("|COMPLETED") for line in states)
+    client, exp = _client(tmp_path)
+    runs = [r for r in client.search_runs([exp]) if r.data.tags["ablate.role"] == "variant"]
+    assert sorted(r.data.tags["ablate.variant"] for r in runs) == sorted(["scalerl", *PAPER_LOO])
+    assert all(r.info.status == "FINISHED" for r in runs)
+
+    again = _ablate(tmp_path, "sweep=loo", "train.steps=10", "train.val_every=5", env=slurm.env)
+    assert "0 to run, 9 already FINISHED" in again.stdout  # a re-sweep submits nothing
+    jobs = slurm.run("sacct", "-n", "-X", "-P", "-o", "JobID").stdout.split()
+    assert len([j for j in jobs if j.split("_")[0] == manifest["jobs"][0]["job_id"].split("_")[0]]) == 9
+
+
+def test_a_gpu_request_reaches_the_job(slurm, tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\necho CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES\n")
+    out = slurm.run("sbatch", "--wait", "--gres=gpu:2", "-o", str(tmp_path / "out.txt"), str(script))
+    assert out.returncode == 0
+    assert (tmp_path / "out.txt").read_text().strip() == "CUDA_VISIBLE_DEVICES=0,1"
+
+
+def test_a_failed_job_shows_its_traceback_in_status(slurm, tmp_path):
+    # NPR with threshold 0 retires every prompt after one epoch: the job fails at step 2
+    out = _ablate(tmp_path, "sweep=recipes", "sweep.recipes=[scalerl]", "train.steps=20",
+                  "filtering.npr_threshold=0.0", "task.n_train_prompts=8", env=slurm.env)
+    assert out.returncode == 0, out.stderr
+    status = _wait_until_done(tmp_path)
+    assert status.returncode == 1
+    assert " failed " in status.stdout
+    assert "retired every training prompt" in status.stdout  # the end of the job's traceback
+
+
+def _last_step(client, run_id) -> int:
+    return max((m.step for m in client.get_metric_history(run_id, "compute/gpu_hours")), default=-1)
+
+
+def _wait_for_step(tmp_path, step, timeout=240) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(2)
+        if (tmp_path / "mlflow.db").exists():
+            client, exp = _client(tmp_path)
+            runs = [r for r in client.search_runs([exp]) if r.data.tags["ablate.role"] == "variant"]
+            if runs and _last_step(client, runs[0].info.run_id) >= step:
+                return runs[0].info.run_id
+    raise AssertionError(f"the run did not reach step {step}")
+
+
+def _assert_complete(client, run_id, steps):
+    assert client.get_run(run_id).info.status == "FINISHED"
+    for key in client.get_run(run_id).data.metrics:
+        logged = [m.step for m in client.get_metric_history(run_id, key)]
+        assert len(logged) == len(set(logged)), f"{key}: a step logged twice"
+    compute = sorted(m.step for m in client.get_metric_history(run_id, "compute/gpu_hours"))
+    assert compute == list(range(0, steps + 1)), "a step is missing"
+
+
+RESUMABLE = ["sweep=recipes", "sweep.recipes=[scalerl]", "train.steps=250", "train.checkpoint_every=20",
+             "train.val_every=5"]
+
+
+def test_a_requeued_job_resumes_its_run_with_no_lost_or_duplicated_steps(slurm, tmp_path):
+    out = _ablate(tmp_path, *RESUMABLE, env=slurm.env)
+    assert out.returncode == 0, out.stderr
+    run_id = _wait_for_step(tmp_path, 60)
+    job = _manifest(tmp_path)["jobs"][0]["job_id"]
+    slurm.run("scontrol", "requeue", job)  # as a preemption: the job is killed and queued again
+    status = _wait_until_done(tmp_path, timeout=400)
+    assert status.returncode == 0, status.stdout
+    client, exp = _client(tmp_path)
+    assert len([r for r in client.search_runs([exp]) if r.data.tags["ablate.role"] == "variant"]) == 1
+    _assert_complete(client, run_id, 250)
+    assert int(client.get_run(run_id).data.tags["ablate.resumed_from"]) >= 20  # the second start used a checkpoint
+
+
+def test_a_cancelled_sweep_resumes_when_run_again(slurm, tmp_path):
+    out = _ablate(tmp_path, *RESUMABLE, env=slurm.env)
+    assert out.returncode == 0, out.stderr
+    run_id = _wait_for_step(tmp_path, 60)
+    cancel = run_cli("-m", "launch", "cancel", cwd=tmp_path)
+    assert cancel.returncode == 0 and "cancelled 1 job" in cancel.stdout
+    _wait_until_done(tmp_path)
+    client, _ = _client(tmp_path)
+    assert client.get_run(run_id).info.status != "FINISHED"
+
+    again = _ablate(tmp_path, *RESUMABLE, env=slurm.env)
+    assert "1 to run, 0 already FINISHED" in again.stdout  # the cancelled one, into the same run
+    status = _wait_until_done(tmp_path, timeout=400)
+    assert status.returncode == 0, status.stdout
+    _assert_complete(client, run_id, 250)
+    assert int(client.get_run(run_id).data.tags["ablate.resumed_from"]) >= 20
