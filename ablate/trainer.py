@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -111,6 +112,33 @@ class RunState:
     diverged: bool = False
 
 
+class PreemptionNotice:
+    """SIGUSR2 (SLURM's warning before a time limit or a preemption) is held until the current step ends; then
+    the trainer checkpoints and hands the signal to the handler that was installed before (submitit's, which
+    requeues the job and exits). Without one, the run ends as KILLED after its checkpoint."""
+
+    def __init__(self):
+        self.received, self.previous = False, None
+        try:
+            self.previous = signal.signal(signal.SIGUSR2, self._hold)
+        except ValueError:  # not the main thread: signals cannot be caught here
+            pass
+
+    def _hold(self, signum, frame) -> None:
+        self.received = True
+
+    def close(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGUSR2, self.previous)
+
+    def hand_over(self) -> None:
+        previous = self.previous
+        self.close()
+        if callable(previous):
+            previous(signal.SIGUSR2, None)  # submitit: requeue, then SystemExit
+        raise KeyboardInterrupt("SIGUSR2 with no handler to requeue the job")
+
+
 class Checkpoint:
     """<paths.runs>/<run id>/checkpoint.pt: everything a run needs to continue where it was (written atomically)."""
 
@@ -175,6 +203,7 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Optional
         params = flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
         tracker.log_params({**params, **getattr(generator, "describe", dict)()})
     tracker.client.update_run(run_id, status="RUNNING")
+    notice = PreemptionNotice()
     n_params = _parameter_count(cfg.model)
     l_max = cfg.generation.max_think_tokens + cfg.generation.max_answer_tokens
 
@@ -222,13 +251,23 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Optional
                 checkpoint.save(state, learner, sampler, generator)
             if progress is not None:
                 progress(step, cfg.train.steps, metrics)
+            if notice.received and step < cfg.train.steps:  # preempted or at the time limit: save, then requeue
+                tracker.flush()
+                checkpoint.save(state, learner, sampler, generator)
+                tracker.set_tags({"ablate.requeued_at": str(step)})
+                notice.hand_over()
     # ---- cleanup: flush what was measured whatever happened, and say how the run ended
     except KeyboardInterrupt:
         tracker.close("KILLED")
         raise
+    except SystemExit:  # requeued: the run goes on in the next job; keep it RUNNING, keep what was measured
+        tracker.flush()
+        raise
     except BaseException:
         tracker.close("FAILED")
         raise
+    finally:
+        notice.close()
     tracker.close("FAILED" if state.diverged else "FINISHED")
     if not state.diverged:
         checkpoint.remove()  # a finished run is not resumed; at 8B its optimizer state alone is ~100 GB

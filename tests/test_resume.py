@@ -11,7 +11,7 @@ import time
 from ablate import tracking
 from conftest import run_cli
 
-RUN = ["-m", "ablate", "train.steps=300", "train.checkpoint_every=25", "train.val_every=5"]
+RUN = ["-m", "ablate", "train.steps=150", "train.checkpoint_every=20", "train.val_every=5"]
 
 
 def _variant_runs(folder):
@@ -25,7 +25,8 @@ def _last_step(client, run_id) -> int:
     return max((m.step for m in history), default=-1)
 
 
-def test_a_killed_run_resumes_with_no_lost_or_duplicated_steps(tmp_path):
+def test_a_killed_run_resumes_with_no_lost_or_duplicated_steps(tmp_path, mlflow_uri):
+    # mlflow_uri: ./mlflow.db made beforehand, so polling it never races the run's own schema migration
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     proc = subprocess.Popen([sys.executable, *RUN], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -37,7 +38,7 @@ def test_a_killed_run_resumes_with_no_lost_or_duplicated_steps(tmp_path):
             if not (tmp_path / "mlflow.db").exists():
                 continue
             client, runs = _variant_runs(tmp_path)
-            if runs and _last_step(client, runs[0].info.run_id) >= 110:
+            if runs and _last_step(client, runs[0].info.run_id) >= 50:
                 run_id = runs[0].info.run_id
                 break
         assert run_id is not None, "the run did not get far enough"
@@ -63,12 +64,12 @@ def test_a_killed_run_resumes_with_no_lost_or_duplicated_steps(tmp_path):
         steps = [m.step for m in client.get_metric_history(run_id, key)]
         assert len(steps) == len(set(steps)), f"{key}: a step logged twice"
     compute = sorted(client.get_metric_history(run_id, "compute/gpu_hours"), key=lambda m: m.step)
-    assert [m.step for m in compute] == list(range(0, 301)), "a step is missing"
+    assert [m.step for m in compute] == list(range(0, 151)), "a step is missing"
     values = [m.value for m in compute]
     assert all(b >= a for a, b in zip(values, values[1:])), "compute went backwards across the restart"
     val_steps = sorted(m.step for m in client.get_metric_history(run_id, "val/pass_rate"))
-    assert val_steps == list(range(0, 301, 5))
-    assert killed_at < 300
+    assert val_steps == list(range(0, 151, 5))
+    assert killed_at < 150
     assert not (tmp_path / "outputs" / "tiny" / "runs" / run_id / "checkpoint.pt").exists()
 
 
@@ -84,3 +85,36 @@ def test_a_non_finite_loss_marks_the_run_diverged_and_stops_it_cleanly(tmp_path)
     history = client.get_metric_history(run.info.run_id, "compute/gpu_hours")
     assert sorted(m.step for m in history) == list(range(0, step))  # every step before the divergence is kept
     assert "Traceback" not in out.stderr
+
+
+def test_a_preemption_notice_checkpoints_at_the_end_of_the_step_and_the_run_resumes_there(tmp_path, mlflow_uri):
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    command = ["-m", "ablate", "train.steps=150", "train.checkpoint_every=1000", "train.val_every=5"]  # no periodic
+    proc = subprocess.Popen([sys.executable, *command], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline, run_id = time.monotonic() + 180, None
+        while time.monotonic() < deadline and run_id is None:
+            time.sleep(1.0)
+            if (tmp_path / "mlflow.db").exists():
+                client, runs = _variant_runs(tmp_path)
+                if runs and _last_step(client, runs[0].info.run_id) >= 40:
+                    run_id = runs[0].info.run_id
+        assert run_id is not None
+        proc.send_signal(signal.SIGUSR2)  # SLURM's warning before a time limit or a preemption
+        assert proc.wait(timeout=60) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    client, _ = _variant_runs(tmp_path)
+    run = client.get_run(run_id)
+    assert run.info.status == "KILLED"  # no scheduler to requeue it here
+    saved_at = int(run.data.tags["ablate.requeued_at"])
+    assert saved_at == _last_step(client, run_id)  # the checkpoint is of the last step logged: nothing to redo
+
+    out = run_cli(*command, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and int(run.data.tags["ablate.resumed_from"]) == saved_at
+    compute = sorted(m.step for m in client.get_metric_history(run_id, "compute/gpu_hours"))
+    assert compute == list(range(0, 151))

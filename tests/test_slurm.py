@@ -118,28 +118,28 @@ def _assert_complete(client, run_id, steps):
     assert compute == list(range(0, steps + 1)), "a step is missing"
 
 
-RESUMABLE = ["sweep=recipes", "sweep.recipes=[scalerl]", "train.steps=250", "train.checkpoint_every=20",
+RESUMABLE = ["sweep=recipes", "sweep.recipes=[scalerl]", "train.steps=150", "train.checkpoint_every=20",
              "train.val_every=5"]
 
 
 def test_a_requeued_job_resumes_its_run_with_no_lost_or_duplicated_steps(slurm, tmp_path):
     out = _ablate(tmp_path, *RESUMABLE, env=slurm.env)
     assert out.returncode == 0, out.stderr
-    run_id = _wait_for_step(tmp_path, 60)
+    run_id = _wait_for_step(tmp_path, 45)
     job = _manifest(tmp_path)["jobs"][0]["job_id"]
     slurm.run("scontrol", "requeue", job)  # as a preemption: the job is killed and queued again
     status = _wait_until_done(tmp_path, timeout=400)
     assert status.returncode == 0, status.stdout
     client, exp = _client(tmp_path)
     assert len([r for r in client.search_runs([exp]) if r.data.tags["ablate.role"] == "variant"]) == 1
-    _assert_complete(client, run_id, 250)
+    _assert_complete(client, run_id, 150)
     assert int(client.get_run(run_id).data.tags["ablate.resumed_from"]) >= 20  # the second start used a checkpoint
 
 
 def test_a_cancelled_sweep_resumes_when_run_again(slurm, tmp_path):
     out = _ablate(tmp_path, *RESUMABLE, env=slurm.env)
     assert out.returncode == 0, out.stderr
-    run_id = _wait_for_step(tmp_path, 60)
+    run_id = _wait_for_step(tmp_path, 45)
     cancel = run_cli("-m", "launch", "cancel", cwd=tmp_path)
     assert cancel.returncode == 0 and "cancelled 1 job" in cancel.stdout
     _wait_until_done(tmp_path)
@@ -150,5 +150,20 @@ def test_a_cancelled_sweep_resumes_when_run_again(slurm, tmp_path):
     assert "1 to run, 0 already FINISHED" in again.stdout  # the cancelled one, into the same run
     status = _wait_until_done(tmp_path, timeout=400)
     assert status.returncode == 0, status.stdout
-    _assert_complete(client, run_id, 250)
+    _assert_complete(client, run_id, 150)
     assert int(client.get_run(run_id).data.tags["ablate.resumed_from"]) >= 20
+
+
+def test_a_job_at_its_time_limit_checkpoints_requeues_and_finishes(slurm, tmp_path):
+    # a 1-minute limit with the warning (USR2) 45 s before it: the run outlives its first job
+    out = _ablate(tmp_path, "sweep=recipes", "sweep.recipes=[scalerl]", "train.steps=500",
+                  "train.checkpoint_every=1000", "train.val_every=10", "launcher.timeout_min=1",
+                  "launcher.signal_delay_s=45", env=slurm.env)
+    assert out.returncode == 0, out.stderr
+    status = _wait_until_done(tmp_path, timeout=500)
+    assert status.returncode == 0, status.stdout
+    client, exp = _client(tmp_path)
+    (run,) = [r for r in client.search_runs([exp]) if r.data.tags["ablate.role"] == "variant"]
+    _assert_complete(client, run.info.run_id, 500)
+    tags = client.get_run(run.info.run_id).data.tags
+    assert int(tags["ablate.resumed_from"]) == int(tags["ablate.requeued_at"]) > 0  # saved at the signal
