@@ -117,7 +117,9 @@ def run_single(cfg: DictConfig, overrides: Sequence[str]) -> int:
 
 def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     """`python -m ablate sweep=loo`: every variant as one job array; with the local cluster, watch and report."""
+    started = time.perf_counter()
     planned = plan(cfg, overrides)
+    planned_s = time.perf_counter() - started
     sid = sweep_id(cfg, planned)
     if cfg.sweep.dry_run:
         print_plan(planned, f"sweep {sid}: {len(planned)} variants (dry run: nothing submitted)")
@@ -158,14 +160,18 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     launcher = OmegaConf.to_container(cfg.launcher, resolve=True, enum_to_str=True)
     about = {"sweep": sid, "tracking_uri": uri, "experiment": cfg.tracking.experiment, "parent_run_id": parent,
              "metrics": ["val/pass_rate", "compute/gpu_hours"]}
+    submitting = time.perf_counter()
     submission = submit(run_variant, specs, launcher, folder, job_name=f"ablate-{sid}",
                         done=lambda spec: skip.get(spec.signature), about=about)
+    submit_s = time.perf_counter() - submitting
     new = [it for it in submission.items if not it.skipped_as]
     finished = sum(1 for it in submission.items if (it.skipped_as or "").startswith("FINISHED"))
     alive = len(submission.items) - len(new) - finished
     print(f"parent run {parent} in experiment '{cfg.tracking.experiment}' at {uri}")
     print(f"{len(new)} to run, {finished} already FINISHED (skipped)"
           + (f", {alive} still running (left alone)" if alive else "") + f"; jobs in {folder}")
+    print(f"harness time: {planned_s:.2f} s composing and signing {len(planned)} variants, {submit_s:.2f} s "
+          f"submitting {len(new)} ({submission.cluster})")
     if submission.cluster == "slurm" or not cfg.launcher.watch:
         for it in new:
             print(f"  {it.spec.name}: job {it.job_id}")

@@ -140,6 +140,8 @@ def test_a_cancelled_sweep_resumes_when_run_again(slurm, tmp_path):
     out = _ablate(tmp_path, *RESUMABLE, env=slurm.env)
     assert out.returncode == 0, out.stderr
     run_id = _wait_for_step(tmp_path, 45)
+    running = _ablate(tmp_path, *RESUMABLE, env=slurm.env)
+    assert "0 to run, 0 already FINISHED, 1 still running (left alone)" in running.stdout
     cancel = run_cli("-m", "launch", "cancel", cwd=tmp_path)
     assert cancel.returncode == 0 and "cancelled 1 job" in cancel.stdout
     _wait_until_done(tmp_path)
