@@ -1,16 +1,25 @@
 """python -m analysis report --experiment NAME [--tracking-uri URI] [--out DIR] [--sweep ID]
+python -m analysis fit --json FILE [--method fast|paper] [--extrapolate FRACTION]
 
-Exit codes: 0 ok; 2 bad input (unknown experiment, no runs, tracking store unreachable), one line on stderr.
+report: fit, rank and report the variant runs of an MLflow experiment (markdown, HTML, fits.csv, PNG plots), and
+attach the files to the sweep's parent run.
+fit: fit one curve. FILE (or - for stdin) holds {"compute": [...], "reward": [...]} and optionally "r0", "c_min",
+"runs" (one label per point, for several seeds); the fit with its 90% intervals is printed as JSON.
+
+Exit codes: 0 ok; 1 the curve could not be fitted (fit: the JSON says why); 2 bad input (unknown experiment, no
+runs, tracking store unreachable, unreadable JSON), one line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     report = commands.add_parser("report", help="fit, rank and report the variant runs of an MLflow experiment")
     report.add_argument("--experiment", required=True, help="MLflow experiment name (one study)")
@@ -18,11 +27,20 @@ def _parser() -> argparse.ArgumentParser:
                         help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     report.add_argument("--out", default=None, help="output directory (default: reports/<experiment>)")
     report.add_argument("--sweep", default=None, help="only the runs of this sweep id (tag ablate.sweep)")
+    fit = commands.add_parser("fit", help="fit one curve given as JSON; print the fit with its intervals")
+    fit.add_argument("--json", required=True, dest="path", help='file with {"compute": [...], "reward": [...]}, '
+                                                               'optional "r0", "c_min", "runs"; - for stdin')
+    fit.add_argument("--method", choices=("fast", "paper"), default="fast",
+                     help="fast: this package's fitter, with intervals (default); paper: the paper's grid")
+    fit.add_argument("--extrapolate", type=float, default=None, metavar="FRACTION",
+                     help="also fit on compute <= FRACTION x the final compute and predict the end")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "fit":
+        return _fit(args)
     from analysis.report import make_report
     from analysis.runs import AnalysisError
 
@@ -40,6 +58,64 @@ def main(argv: list[str] | None = None) -> int:
     if report.artifact_error:
         print(f"warning: {report.artifact_error}", file=sys.stderr)
     return 0
+
+
+def _fit(args) -> int:
+    from analysis.fit import FitError, SigmoidFit, fit_sigmoid
+
+    try:
+        text = sys.stdin.read() if args.path == "-" else open(args.path).read()
+        data = json.loads(text)
+        if not isinstance(data, dict) or "compute" not in data or "reward" not in data:
+            raise ValueError('expected an object with "compute" and "reward" lists')
+        compute, reward = data["compute"], data["reward"]
+        r0, c_min, runs = data.get("r0"), data.get("c_min"), data.get("runs")
+        if not isinstance(compute, list) or not isinstance(reward, list):
+            raise ValueError('"compute" and "reward" must be lists of numbers')
+        compute = [float("nan") if x is None else float(x) for x in compute]
+        reward = [float("nan") if x is None else float(x) for x in reward]
+        r0 = None if r0 is None else float(r0)
+        c_min = None if c_min is None else float(c_min)
+    except (OSError, ValueError, TypeError) as err:
+        print(f"error: {args.path}: {err}", file=sys.stderr)
+        return 2
+    try:
+        if args.method == "paper":
+            if runs is not None:
+                print("error: --method paper fits one run: drop \"runs\"", file=sys.stderr)
+                return 2
+            fit = fit_sigmoid(compute, reward, r0=r0, c_min=c_min, method="paper")
+        else:
+            fit = fit_sigmoid(compute, reward, r0=r0, c_min=c_min, runs=runs)
+    except FitError as err:
+        fit = SigmoidFit.failed(err.reason, method=args.method)
+    out = fit.to_dict()
+    if args.extrapolate is not None and fit.ok:
+        from analysis.extrapolate import extrapolation_check
+
+        ex = extrapolation_check(compute, reward, fraction=args.extrapolate, r0=r0, c_min=c_min, runs=runs)
+        out["extrapolation"] = {
+            "status": ex.status, "fraction": ex.fraction, "fitted_up_to": ex.c_fit, "end": ex.c_end,
+            "predicted": ex.predicted, "predicted_ci": list(ex.predicted_ci), "observed": ex.observed,
+            "power_law": None if ex.power is None or not ex.power.ok else
+            {"A": ex.power.A, "D": ex.power.D, "B": ex.power.B, "predicted": ex.power_predicted},
+        }
+    print(json.dumps(_clean(out), indent=2, allow_nan=False))
+    return 0 if fit.ok else 1
+
+
+def _clean(x):
+    """JSON without NaN or inf: NaN -> null, inf -> "inf" / "-inf"."""
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, float):
+        if x != x:
+            return None
+        if x in (float("inf"), float("-inf")):
+            return "inf" if x > 0 else "-inf"
+    return x
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The sigmoid compute law of ScaleRL and a first fitter for it.
+"""The sigmoid compute law of ScaleRL and its fitter, with intervals that say what the data cannot pin down.
 
 Source: "The Art of Scaling Reinforcement Learning Compute for LLMs" (arXiv 2510.13786), Eq. 1:
 
@@ -7,31 +7,40 @@ Source: "The Art of Scaling Reinforcement Learning Compute for LLMs" (arXiv 2510
 R is the validation pass rate, C the training compute in GPU-hours, A the asymptotic pass rate (the ceiling),
 B > 0 the compute efficiency (steepness), C_mid the compute at which half of the gain A - R0 is reached.
 
-How this fitter departs from the paper (shared/notes/scalerl-facts.md):
-- R0 is not fitted (the paper does not say how it sets R0): it is the pre-RL pass rate, the point at C == 0.
-- The paper grids A (step 0.005) and C_mid (100 values) and fits B with curve_fit for each pair. Here A, log B and
-  log C_mid are fitted together by bounded least squares (scipy.optimize.least_squares), started from the best
-  few points of a coarse grid over (B, C_mid) in which A is solved in closed form (the law is linear in A).
-- The paper reports no intervals. Here 90% intervals come from the Jacobian covariance scaled by the residual
-  variance, with Student-t quantiles; B and C_mid are fitted, and their intervals built, in log space. This is a
-  first version: a later fitter may add the paper's grid procedure and bootstrap intervals behind the same
-  `fit_sigmoid` signature (new keyword arguments, same `SigmoidFit`).
+How this fitter works (and where it departs from the paper, shared/notes/scalerl-facts.md):
+- R0 is not fitted: it is given, or the mean of the pre-RL points (compute == 0). Points below c_min are left out
+  (default: 1.5/16 of the run's largest compute, the paper's 1.5k of 16k GPU-hours).
+- The point estimate minimizes the squared error, the paper's criterion, but continuously: the law is linear in A,
+  so A is solved in closed form over a coarse grid of (log B, log C_mid), and the best cell is refined by bounded
+  least squares on (A, log B, log C_mid). The paper's own grid procedure is `fit_paper` (analysis/paper.py).
+- Intervals (90%) are likelihood-ratio intervals: for each parameter, the values where the profile deviance (the
+  other parameters at their best) stays within the chi-square(1) quantile. They are computed on a grid of
+  (log B, log C_mid) on which A (and R0, when measured) are handled in closed form, so they follow the real, often
+  lopsided, shape of the error surface: a curve that stops before its midpoint gets a wide interval on A, open up
+  to 1. The noise is not assumed independent: a run's validation points share a slow wobble. Its size and
+  correlation length are estimated from the residuals by REML (analysis/noise.py), and each parameter's likelihood
+  is scaled so that its interval has the width the correlated noise gives it (sandwich variance, averaged over
+  the plausible noise models, Student-t tails).
+- Several runs (seeds) of one variant are fitted together: pass their points with `runs=` labels (`fit_runs`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
 CI_LEVEL = 0.90
-MIN_POINTS = 4
+MIN_POINTS = 5  # three parameters and a noise estimate
 C_MIN_FRACTION = 1.5 / 16  # the paper excludes its first 1.5k of 16k GPU-hours
-# Search box for the non-identified cases; a fit that ends on one of these bounds gets an open interval.
-B_BOUNDS = (1e-2, 1e2)
-C_MID_SPAN = 1e4  # C_mid within [max C / 1e4, max C * 1e4]
+# Search box, also the support of the flat priors. A fit ending on a bound, or an interval reaching one, is open.
+B_BOUNDS = (0.1, 20.0)
+C_MID_SPAN = 1e3  # C_mid within [max C / 1e3, max C * 1e3]
 FALLING_T = -3.0  # a linear trend of R in log C with t below this is a falling curve
+DIVERGED_DROP = 0.05  # a fall of this much below the curve's peak, held to the end, is a divergence
+PARAMS = ("A", "B", "C_mid")
 
 
 class FitError(ValueError):
@@ -53,14 +62,14 @@ def sigmoid_law(compute, A: float, B: float, C_mid: float, R0: float) -> np.ndar
 
 
 def _nan_ci() -> dict[str, tuple[float, float]]:
-    return {name: (math.nan, math.nan) for name in ("A", "B", "C_mid")}
+    return {name: (math.nan, math.nan) for name in PARAMS}
 
 
 @dataclass(frozen=True)
 class SigmoidFit:
-    """A fit of Eq. 1. `ci` maps "A", "B", "C_mid" to 90% intervals (low, high); an unidentified side is
-    infinite (B, C_mid) or clipped to [R0, 1] (A). `status` is "ok" or the reason the fit failed; `notes` are
-    warnings on an ok fit (a parameter on its bound, data that stop before C_mid)."""
+    """A fit of Eq. 1. `ci` maps "A", "B", "C_mid" to 90% intervals (low, high); a side the data do not bound is
+    open: 0 or inf for B and C_mid, 1 for A (its upper limit). `status` is "ok" or the reason the fit failed;
+    `notes` are warnings on an ok fit. `draws` (posterior samples of A, B, C_mid, R0) give `predict_interval`."""
 
     A: float
     B: float
@@ -73,6 +82,10 @@ class SigmoidFit:
     c_min: float = math.nan  # points with C < c_min were left out of the fit
     c_max: float = math.nan  # the largest compute fitted
     notes: tuple[str, ...] = ()
+    method: str = "fast"  # fast | paper | fixed-A
+    n_runs: int = 1  # runs (seeds) pooled into this fit
+    noise: dict[str, float] = field(default_factory=dict)  # sd_white, sd_wobble, corr_gpu_hours, dof
+    draws: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -84,62 +97,141 @@ class SigmoidFit:
             return np.full(np.shape(compute), math.nan)
         return sigmoid_law(compute, self.A, self.B, self.C_mid, self.R0)
 
+    def predict_draws(self, compute) -> np.ndarray:
+        """R(C) for each posterior draw: shape (draws, points); empty when the fit has no draws."""
+        c = np.atleast_1d(np.asarray(compute, dtype=float))
+        if not self.ok or self.draws is None or not len(self.draws):
+            return np.zeros((0, c.size))
+        from scipy.special import expit
+
+        A, B, C_mid, R0 = self.draws.T
+        with np.errstate(divide="ignore"):
+            log_c = np.log(c)[None, :]
+        return R0[:, None] + (A - R0)[:, None] * expit(B[:, None] * (log_c - np.log(C_mid)[:, None]))
+
+    def predict_interval(self, compute, level: float = CI_LEVEL) -> tuple[np.ndarray, np.ndarray]:
+        """A `level` interval for the law's value R(C) (not for a new noisy point), from the posterior draws."""
+        values = self.predict_draws(compute)
+        if not len(values):
+            nan = np.full(values.shape[1], math.nan)
+            return nan, nan.copy()
+        tail = (1 - level) / 2
+        return np.quantile(values, tail, axis=0), np.quantile(values, 1 - tail, axis=0)
+
+    def to_dict(self) -> dict:
+        """JSON-ready: parameters, intervals, status, notes (inf and NaN as strings "inf" / null)."""
+
+        def num(x):
+            if x is None or (isinstance(x, float) and math.isnan(x)):
+                return None
+            if isinstance(x, float) and math.isinf(x):
+                return "inf" if x > 0 else "-inf"
+            return x
+
+        return {
+            "status": self.status,
+            "method": self.method,
+            **{name: num(float(getattr(self, name))) for name in (*PARAMS, "R0")},
+            "ci_level": CI_LEVEL,
+            "ci": {name: [num(float(lo)), num(float(hi))] for name, (lo, hi) in self.ci.items()},
+            "n_points": self.n_points,
+            "n_runs": self.n_runs,
+            "r2": num(float(self.r2)),
+            "c_min": num(float(self.c_min)),
+            "c_max": num(float(self.c_max)),
+            "noise": {k: num(float(v)) for k, v in self.noise.items()},
+            "notes": list(self.notes),
+        }
+
     @classmethod
-    def failed(cls, reason: str, *, R0: float = math.nan, n_points: int = 0) -> "SigmoidFit":
+    def failed(cls, reason: str, *, R0: float = math.nan, n_points: int = 0, n_runs: int = 1,
+               method: str = "fast") -> "SigmoidFit":
         """The record of a fit that could not be made: NaN parameters, the reason as status."""
-        return cls(A=math.nan, B=math.nan, C_mid=math.nan, R0=R0, n_points=n_points, status=reason)
+        return cls(A=math.nan, B=math.nan, C_mid=math.nan, R0=R0, n_points=n_points, status=reason, n_runs=n_runs,
+                   method=method)
 
 
-def fit_sigmoid(compute, reward, *, r0: float | None = None, c_min: float | None = None) -> SigmoidFit:
+def fit_sigmoid(
+    compute,
+    reward,
+    *,
+    r0: float | None = None,
+    c_min: float | None = None,
+    method: str = "fast",
+    runs=None,
+    A: float | None = None,
+) -> SigmoidFit:
     """Fit Eq. 1 to (compute, reward) points; raise FitError(reason) when the data cannot be fitted.
 
     r0: the pre-RL pass rate; when None, the mean reward of the points at compute == 0 (an error if there are none).
     c_min: points with compute < c_min are left out; when None, (1.5/16) * max(compute) as in the paper.
-    Points at compute == 0 are never fitted (they define R0). A is bounded to [R0, 1], B and C_mid to a wide box.
+    method: "fast" (this package's fitter, with intervals) or "paper" (the paper's grid; no intervals).
+    runs: optional labels, one per point, naming the run (seed) each point comes from: the points of several runs
+      of one variant are fitted together, and the noise is modelled run by run.
+    A: fix the ceiling (the paper's common-A refit for comparing B); only B and C_mid are fitted.
     """
+    if method == "paper":
+        from analysis.paper import fit_paper
+
+        if runs is not None or A is not None:
+            raise ValueError("method='paper' fits one run with A free: runs= and A= are for method='fast'")
+        return fit_paper(compute, reward, r0=r0, c_min=c_min)
+    if method != "fast":
+        raise ValueError(f"method must be 'fast' or 'paper', not {method!r}")
+    data = prepare(compute, reward, r0=r0, c_min=c_min, runs=runs)
+    from analysis.posterior import fit_prepared
+
+    return fit_prepared(data, A_fixed=A)
+
+
+def fit_runs(curves: Sequence[tuple], *, r0: float | None = None, c_min: float | None = None,
+             A: float | None = None) -> SigmoidFit:
+    """Fit the runs (seeds) of one variant together: `curves` is a sequence of (compute, reward) pairs."""
+    if not curves:
+        raise FitError("too few points: no runs")
+    compute = np.concatenate([np.asarray(c, dtype=float).ravel() for c, _ in curves])
+    reward = np.concatenate([np.asarray(r, dtype=float).ravel() for _, r in curves])
+    runs = np.concatenate([np.full(np.size(c), i) for i, (c, _) in enumerate(curves)])
+    return fit_sigmoid(compute, reward, r0=r0, c_min=c_min, runs=runs, A=A)
+
+
+# --- input preparation and checks ------------------------------------------------------------------------------
+
+
+@dataclass
+class Prepared:
+    """The points to fit (compute >= c_min, > 0), sorted by (run, compute), and what R0 rests on."""
+
+    c: np.ndarray
+    r: np.ndarray
+    runs: np.ndarray  # run label per point (0.. n_runs-1)
+    R0: float
+    n_r0: int  # pre-RL points R0 was measured from (0 when given)
+    c_min: float
+    n_runs: int
+
+    @property
+    def log_c(self) -> np.ndarray:
+        return np.log(self.c)
+
+
+def prepare(compute, reward, *, r0=None, c_min=None, runs=None) -> Prepared:
+    """Check the points, take R0, apply c_min; raise FitError with the reason the data cannot be fitted."""
     c, r = _as_points(compute, reward)
+    labels = np.zeros(c.size, dtype=int) if runs is None else np.unique(np.asarray(runs).ravel(),
+                                                                        return_inverse=True)[1].ravel()
+    if labels.size != c.size:
+        raise FitError(f"runs labels and points differ in length ({labels.size} vs {c.size})")
+    n_runs = int(labels.max()) + 1 if labels.size else 1
     R0 = _pick_r0(c, r, r0)
     if c_min is None:
         c_min = C_MIN_FRACTION * float(c.max())
     keep = (c >= c_min) & (c > 0)
-    c_fit, r_fit = c[keep], r[keep]
-    _check_fittable(c_fit, r_fit, R0, c_min)
-
-    log_c = np.log(c_fit)
-    bounds = _bounds(R0, c_fit)
-    best = None
-    for x0 in _starting_points(log_c, r_fit, R0, bounds):
-        result = _refine(x0, log_c, r_fit, R0, bounds)
-        if result.status > 0 and (best is None or result.cost < best.cost):
-            best = result
-    if best is None:
-        raise FitError("the least-squares optimizer did not converge from any starting point")
-
-    A, log_b, log_cmid = (float(v) for v in best.x)
-    residuals = best.fun
-    ss_res = float(residuals @ residuals)
-    ss_tot = float(((r_fit - r_fit.mean()) ** 2).sum())
-    at_bound = _at_bound(best.x, bounds)
-    # R0 measured at C = 0 is as noisy as any other point: its variance, s^2 / n0, widens the intervals too.
+    order = np.lexsort((c[keep], labels[keep]))
+    c_fit, r_fit, lab = c[keep][order], r[keep][order], labels[keep][order]
+    _check_fittable(c_fit, r_fit, lab, R0, c_min)
     n_r0 = int((c == 0).sum()) if r0 is None else 0
-    dres_dr0 = 1.0 - _shape(log_c, log_b, log_cmid)
-    ci = _jacobian_intervals(best.x, best.jac, ss_res, len(r_fit), R0, at_bound, dres_dr0, n_r0)
-    return SigmoidFit(
-        A=A,
-        B=math.exp(log_b),
-        C_mid=math.exp(log_cmid),
-        R0=R0,
-        ci=ci,
-        n_points=int(len(r_fit)),
-        r2=1.0 - ss_res / ss_tot if ss_tot > 0 else math.nan,
-        status="ok",
-        c_min=float(c_min),
-        c_max=float(c_fit.max()),
-        notes=_notes(at_bound, ci, math.exp(log_cmid), float(c_fit.max())),
-    )
-
-
-# --- input checks ---------------------------------------------------------------------------------------------
+    return Prepared(c=c_fit, r=r_fit, runs=lab, R0=R0, n_r0=n_r0, c_min=float(c_min), n_runs=n_runs)
 
 
 def _as_points(compute, reward) -> tuple[np.ndarray, np.ndarray]:
@@ -151,9 +243,17 @@ def _as_points(compute, reward) -> tuple[np.ndarray, np.ndarray]:
         raise FitError("too few points: no data")
     bad = ~(np.isfinite(c) & np.isfinite(r))
     if bad.any():
-        raise FitError(f"non-finite values: {int(bad.sum())} of {c.size} points have NaN or inf")
+        where = ""
+        if np.isfinite(c).all():
+            order = np.argsort(c, kind="stable")
+            first = int(np.argmax(bad[order]))
+            if bad[order][first:].all():
+                where = f" from {c[order][first]:,.0f} GPU-hours on (diverged?)"
+        raise FitError(f"non-finite values: {int(bad.sum())} of {c.size} points have NaN or inf{where}")
     if (c < 0).any():
         raise FitError("negative compute values")
+    if ((r < 0) | (r > 1)).any():
+        raise FitError("pass rates outside [0, 1]")
     return c, r
 
 
@@ -168,17 +268,47 @@ def _pick_r0(c: np.ndarray, r: np.ndarray, r0: float | None) -> float:
     return float(r0)
 
 
-def _check_fittable(c: np.ndarray, r: np.ndarray, R0: float, c_min: float) -> None:
-    """Reject what Eq. 1 cannot describe: too few points, a flat curve, a curve with no gain or a falling one."""
+def _check_fittable(c: np.ndarray, r: np.ndarray, runs: np.ndarray, R0: float, c_min: float) -> None:
+    """Reject what Eq. 1 cannot describe: too few points, a flat, falling or diverged curve, no gain."""
     if c.size < MIN_POINTS:
         raise FitError(f"too few points: {c.size} at compute >= c_min={c_min:.4g} (need {MIN_POINTS})")
     if np.ptp(np.append(r, R0)) < 1e-9:
         raise FitError(f"flat curve: pass rate constant at {R0:.4g}, nothing to fit")
+    for run in np.unique(runs):
+        diverged = _divergence(c[runs == run], r[runs == run], R0)
+        if diverged:
+            raise FitError(diverged)
     t = _log_trend_t(c, r)
     if t < FALLING_T:
         raise FitError(f"falling curve: pass rate decreases with compute (trend in log C, t = {t:.3g})")
     if r.mean() <= R0:
         raise FitError(f"no gain: mean pass rate {r.mean():.4g} over the fitted points is not above R0 = {R0:.4g}")
+
+
+def _divergence(c: np.ndarray, r: np.ndarray, R0: float) -> str | None:
+    """A collapse the law cannot describe: the curve rose, then its last points (two or more) all lie far below
+    its peak. The peak is taken on a 3-point running median (one noisy point is no peak); "far" is DIVERGED_DROP
+    or ten times the point-to-point noise, whichever is larger; "rose": the peak is that far above R0 too."""
+    if c.size < 6:
+        return None
+    padded = np.concatenate([r[:1], r, r[-1:]])
+    smooth = np.median(np.lib.stride_tricks.sliding_window_view(padded, 3), axis=1)
+    noise = 1.4826 * float(np.median(np.abs(np.diff(r) - np.median(np.diff(r))))) / math.sqrt(2)
+    drop = max(DIVERGED_DROP, 10 * noise)
+    peak = int(np.argmax(smooth))
+    if smooth[peak] < R0 + drop:
+        return None
+    below = r < smooth[peak] - drop
+    tail = 0
+    for flag in below[::-1]:
+        if not flag:
+            break
+        tail += 1
+    if tail < 2 or r.size - tail <= peak:
+        return None
+    start = r.size - tail
+    return (f"diverged: pass rate fell from {smooth[peak]:.3f} (at {c[peak]:,.0f} GPU-hours) to "
+            f"{r[-1]:.3f}, below the peak by more than {drop:.3f} from {c[start]:,.0f} GPU-hours to the end")
 
 
 def _log_trend_t(c: np.ndarray, r: np.ndarray) -> float:
@@ -193,117 +323,3 @@ def _log_trend_t(c: np.ndarray, r: np.ndarray) -> float:
     if se == 0:
         return math.copysign(math.inf, slope) if slope else 0.0
     return slope / se
-
-
-# --- the fit itself: parameters x = (A, log B, log C_mid) -------------------------------------------------------
-
-
-def _bounds(R0: float, c_fit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    log_cmax = math.log(float(c_fit.max()))
-    span = math.log(C_MID_SPAN)
-    lower = np.array([R0, math.log(B_BOUNDS[0]), log_cmax - span])
-    upper = np.array([1.0, math.log(B_BOUNDS[1]), log_cmax + span])
-    return lower, upper
-
-
-def _shape(log_c: np.ndarray, log_b: float, log_cmid: float) -> np.ndarray:
-    from scipy.special import expit
-
-    return expit(math.exp(log_b) * (log_c - log_cmid))
-
-
-def _starting_points(log_c, r, R0, bounds, keep: int = 3) -> list[np.ndarray]:
-    """The best `keep` points of a grid over (log B, log C_mid), with A solved in closed form for each."""
-    lower, upper = bounds
-    eps = 1e-6 * (upper[0] - lower[0])
-    candidates = []
-    for log_b in np.linspace(math.log(0.3), math.log(8.0), 10):
-        for log_cmid in np.linspace(log_c.min() - math.log(10), log_c.max() + math.log(10), 24):
-            s = _shape(log_c, log_b, log_cmid)
-            if float(s @ s) == 0.0:
-                continue
-            gain = float(s @ (r - R0)) / float(s @ s)
-            A = float(np.clip(R0 + gain, lower[0] + eps, upper[0] - eps))
-            sse = float(((R0 + (A - R0) * s - r) ** 2).sum())
-            candidates.append((sse, np.array([A, log_b, log_cmid])))
-    candidates.sort(key=lambda pair: pair[0])
-    return [x for _, x in candidates[:keep]]
-
-
-def _refine(x0, log_c, r, R0, bounds):
-    from scipy.optimize import least_squares
-
-    def residuals(x):
-        return R0 + (x[0] - R0) * _shape(log_c, x[1], x[2]) - r
-
-    def jacobian(x):
-        A, log_b, log_cmid = x
-        s = _shape(log_c, log_b, log_cmid)
-        ds = (A - R0) * s * (1.0 - s)  # d/dz of (A - R0) * expit(z), z = B (log C - log C_mid)
-        B = math.exp(log_b)
-        return np.column_stack([s, ds * B * (log_c - log_cmid), -ds * B])
-
-    return least_squares(
-        residuals, x0, jac=jacobian, bounds=bounds, method="trf", ftol=1e-12, xtol=1e-12, gtol=1e-12, max_nfev=2000
-    )
-
-
-# --- intervals -------------------------------------------------------------------------------------------------
-
-
-def _at_bound(x: np.ndarray, bounds) -> np.ndarray:
-    """Per parameter: -1 on its lower bound, +1 on its upper bound, 0 inside."""
-    lower, upper = bounds
-    tol = 1e-6 * (upper - lower)
-    return np.where(x - lower <= tol, -1, np.where(upper - x <= tol, 1, 0))
-
-
-def _jacobian_intervals(x, jac, ss_res, n, R0, at_bound, dres_dr0, n_r0) -> dict[str, tuple[float, float]]:
-    """90% intervals x_i +- t * se_i with cov = s^2 (J^T J)^-1, s^2 = SS_res / (n - 3).
-
-    When R0 was measured (n_r0 points at C = 0), its error is propagated to first order: the parameters move by
-    g = -(J^T J)^-1 J^T dres/dR0 per unit of R0, and s^2 / n_r0 * g g^T is added to cov.
-    A parameter along a (near-)null direction of J gets an unbounded interval, as does the side of a parameter that
-    sits on its bound (the data do not confine it there). log B and log C_mid intervals are exponentiated."""
-    from scipy.stats import t as student_t
-
-    dof = n - len(x)
-    half = np.full(len(x), math.inf)
-    if dof > 0:
-        _, sing, vt = np.linalg.svd(np.asarray(jac, dtype=float), full_matrices=False)
-        null = sing <= sing.max() * 1e-8 if sing.max() > 0 else np.ones_like(sing, dtype=bool)
-        inv_sq = np.where(null, 0.0, 1.0 / np.where(null, 1.0, sing) ** 2)
-        jtj_inv = (vt.T * inv_sq) @ vt  # pseudo-inverse of J^T J
-        s2 = ss_res / dof
-        cov = jtj_inv * s2
-        if n_r0:
-            g = -jtj_inv @ (np.asarray(jac, dtype=float).T @ dres_dr0)
-            cov = cov + np.outer(g, g) * (s2 / n_r0)
-        unidentified = (np.abs(vt[null]) > 1e-3).any(axis=0)
-        se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
-        half = np.where(unidentified, math.inf, student_t.ppf(0.5 + CI_LEVEL / 2, dof) * se)
-
-    low, high = x - half, x + half
-    low = np.where(at_bound < 0, -math.inf, low)
-    high = np.where(at_bound > 0, math.inf, high)
-    A_lo, A_hi = (float(np.clip(v, R0, 1.0)) for v in (low[0], high[0]))
-    with np.errstate(over="ignore"):
-        return {
-            "A": (A_lo, A_hi),
-            "B": (float(np.exp(low[1])), float(np.exp(high[1]))),
-            "C_mid": (float(np.exp(low[2])), float(np.exp(high[2]))),
-        }
-
-
-def _notes(at_bound: np.ndarray, ci: dict, C_mid: float, c_max: float) -> tuple[str, ...]:
-    """Warnings on an ok fit: parameters on their bounds or without a finite interval, extrapolated A."""
-    notes = []
-    for name, side in zip(("A", "B", "C_mid"), at_bound):
-        if side:
-            notes.append(f"{name} on its {'upper' if side > 0 else 'lower'} bound")
-    for name in ("B", "C_mid"):
-        if not all(0 < v < math.inf for v in ci[name]):
-            notes.append(f"{name} not pinned down by the data (open interval)")
-    if c_max < C_mid:
-        notes.append("data stop before C_mid: A is extrapolated")
-    return tuple(notes)

@@ -56,6 +56,7 @@ class RunCurve:
     compute: np.ndarray = field(repr=False)
     pass_rate: np.ndarray = field(repr=False)
     notes: tuple[str, ...] = ()
+    params: dict = field(default_factory=dict, repr=False)  # the run's MLflow params (the flattened config)
 
 
 def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
@@ -197,4 +198,41 @@ def _curve(client, run) -> RunCurve:
         compute=compute,
         pass_rate=pass_rate,
         notes=notes,
+        params=dict(run.data.params),
     )
+
+
+# --- seeds of one variant --------------------------------------------------------------------------------------
+
+# Params that say how or where a run ran, or describe it, not what it computes: they may differ between seeds.
+# (ablate.schema.NON_SEMANTIC_KEYS, plus the seed and the mock generator's per-run description.)
+NON_SEMANTIC_PREFIXES = ("name", "paths", "launcher", "tracking", "sweep", "axes", "seed", "mock", "hydra")
+
+
+def semantic_params(params: dict) -> tuple:
+    """The params that decide what a run computes, apart from its seed, as a hashable key."""
+    return tuple(sorted((k, v) for k, v in params.items() if k.split(".", 1)[0] not in NON_SEMANTIC_PREFIXES))
+
+
+def group_seeds(curves: list[RunCurve]) -> list[list[RunCurve]]:
+    """Runs that are seeds of one variant, grouped (in order of first appearance).
+
+    Seeds of one variant: the same `ablate.variant` tag and the same params apart from the seed and non-semantic
+    keys. Runs without logged params cannot be compared that way: they are grouped by variant within one sweep."""
+    groups: dict[tuple, list[RunCurve]] = {}
+    for curve in curves:
+        key = (curve.variant, semantic_params(curve.params)) if curve.params else (curve.variant, "sweep", curve.sweep)
+        groups.setdefault(key, []).append(curve)
+    return [_latest_per_signature(group) for group in groups.values()]
+
+
+def _latest_per_signature(group: list[RunCurve]) -> list[RunCurve]:
+    """Of runs with the same signature (the same config and seed: a relaunch), keep one: the last FINISHED one,
+    else the last one. Its earlier attempts would count the same trajectory twice."""
+    keep: dict[str, RunCurve] = {}
+    for curve in group:  # oldest first
+        key = curve.signature or curve.run_id
+        held = keep.get(key)
+        if held is None or curve.status == "FINISHED" or held.status != "FINISHED":
+            keep[key] = curve
+    return [curve for curve in group if keep.get(curve.signature or curve.run_id) is curve]

@@ -1,6 +1,8 @@
 """End to end on a real sqlite MLflow store: runs logged as `ablate` logs them -> make_report -> files + artifacts.
 
-The store is built once for the module (a fresh sqlite database costs ~2 s of migrations).
+Two stores, each built once for the module: a hand-made study with known truths and every kind of run (seeds of
+one variant, a run still going, a crashed one, a diverged one, one too short to fit), and a real finished mock
+sweep (`python -m ablate sweep=loo launcher=local`, ~25 s).
 """
 
 import csv
@@ -19,8 +21,8 @@ from mlflow.tracking import MlflowClient
 
 from analysis import make_report
 from analysis.fit import sigmoid_law
-from analysis.report import CSV_COLUMNS
-from analysis.runs import ExperimentNotFound, NoRuns, TrackingUnavailable, load_runs
+from analysis.report import CSV_COLUMNS, CSV_EXTRA
+from analysis.runs import ExperimentNotFound, NoRuns, RunCurve, TrackingUnavailable, group_seeds, load_runs
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = "loo-study"
@@ -40,6 +42,7 @@ class Variant:
     val_every: int = 25
     status: str = "FINISHED"
     sweep: str = SWEEP
+    collapse_at: int | None = None  # step from which the pass rate collapses (a diverged run)
 
 
 # Known truths. scalerl and loo-savg tie on A (0.61 vs 0.60) and loo-savg has the higher B: it ranks first.
@@ -50,8 +53,13 @@ VARIANTS = [
     Variant("loo-fp32", 0.52, 1.6, 3000.0),
     Variant("loo-lp", 0.58, 1.9, 2542.0, last_step=25),  # two validation points only: the fit must fail
     Variant("loo-8op", 0.58, 1.9, 2542.0, last_step=400, status="FAILED"),  # crashed at 4,000 GPU-hours
+    Variant("loo-npr", 0.57, 2.0, 2542.0),  # two seeds of one variant: one row
+    Variant("loo-npr", 0.57, 2.0, 2542.0),
+    Variant("loo-gspo", 0.60, 1.8, 2542.0, last_step=1000, status="RUNNING"),  # still going at 10,000 GPU-hours
+    Variant("loo-plan", 0.60, 1.9, 2542.0, collapse_at=1200),  # diverged at 12,000 GPU-hours
     Variant("scalerl", 0.62, 1.9, 2542.0, sweep=OTHER_SWEEP),  # another sweep in the same experiment
 ]
+ROWS = sorted({v.name for v in VARIANTS if v.sweep == SWEEP})  # one row per variant: seeds pooled
 
 
 @dataclass
@@ -79,11 +87,14 @@ def _log_variant(client, experiment_id, parent_id, v: Variant, seed: int) -> str
     truth = sigmoid_law(val_steps * GPU_HOURS_PER_STEP, v.A, v.B, v.C_mid, R0)
     rate = np.random.default_rng(seed).binomial(16_000, truth) / 16_000
     rate[0] = R0
+    if v.collapse_at is not None:
+        rate[val_steps >= v.collapse_at] = 0.05
     metrics += [Metric("val/pass_rate", float(r), now, int(s)) for s, r in zip(val_steps, rate)]
     metrics += [Metric("train/reward_mean", 0.0, now, int(s)) for s in val_steps]
     for i in range(0, len(metrics), 1000):
         client.log_batch(run_id, metrics=metrics[i : i + 1000])
-    client.set_terminated(run_id, v.status)
+    if v.status != "RUNNING":
+        client.set_terminated(run_id, v.status)
     return run_id
 
 
@@ -132,58 +143,104 @@ def test_load_runs_joins_compute_on_step(study):
     assert len(load_runs(EXPERIMENT, study.uri)) == len(VARIANTS)  # no sweep filter: both sweeps, no parents
 
 
-def test_fits_csv_has_the_exact_columns_and_one_row_per_run(report):
+def _rows(report):
+    return {r[0]: dict(zip(CSV_COLUMNS + CSV_EXTRA, r)) for r in _csv_rows(report.variants_csv)[1:]}
+
+
+def test_variants_csv_has_the_documented_columns_first_and_one_row_per_variant(report):
+    rows = _csv_rows(report.variants_csv)
+    assert rows[0][: len(CSV_COLUMNS)] == CSV_COLUMNS  # the eleven of DESIGN.md, in that order, then the rest
+    assert rows[0] == CSV_COLUMNS + CSV_EXTRA
+    assert [r[0] for r in rows[1:]] == [row.variant for row in report.rows]  # rank order
+    assert sorted(r[0] for r in rows[1:]) == ROWS
+
+
+def test_fits_csv_has_one_row_per_run_with_the_documented_columns(report):
     rows = _csv_rows(report.csv)
-    assert rows[0] == CSV_COLUMNS
-    assert sorted(r[0] for r in rows[1:]) == sorted(v.name for v in VARIANTS if v.sweep == SWEEP)
+    assert rows[0] == CSV_COLUMNS + ["run_id", "variant_rank", "verdict"]  # DESIGN.md: one row per run
+    run_ids = [r[len(CSV_COLUMNS)] for r in rows[1:]]
+    assert sorted(run_ids) == sorted(rid for row in report.rows for rid in row.run_ids)
+    npr = [r for r in rows[1:] if r[0] == "loo-npr"]
+    assert len(npr) == 2  # two seeds pooled in variants.csv, each fitted alone here
+    assert {r[1] for r in npr} != {_rows(report)["loo-npr"]["A"]}  # not the pooled A
+    assert all(abs(float(r[1]) - 0.57) < 0.02 for r in npr)
+
+
+def test_seeds_of_one_variant_are_fitted_together(report):
+    npr = next(row for row in report.rows if row.variant == "loo-npr")
+    assert npr.n_seeds == 2 and npr.fit.n_runs == 2 and len(set(npr.run_ids)) == 2
+    assert npr.fit.n_points == 2 * 59  # 1,500, 1,750, ..., 16,000 GPU-hours: 59 points per seed
+    assert npr.fit.A == pytest.approx(0.57, abs=0.01)
+    assert _rows(report)["loo-npr"]["n_seeds"] == "2"
 
 
 def test_ranking_follows_the_truth(report):
     order = [row.variant for row in report.rows]
-    # the tie on A (0.61 / 0.60) is broken by B, then the distinct A values in order: 0.55, then 0.52
-    known = [name for name in order if name in ("scalerl", "loo-savg", "loo-dapo", "loo-fp32")]
-    assert known == ["loo-savg", "scalerl", "loo-dapo", "loo-fp32"]
+    # the tie on A (0.61 / 0.60) is broken by B at a common A, then the distinct A values in order
+    known = [name for name in order if name in ("scalerl", "loo-savg", "loo-npr", "loo-dapo", "loo-fp32")]
+    assert known == ["loo-savg", "scalerl", "loo-npr", "loo-dapo", "loo-fp32"]
     savg = next(row for row in report.rows if row.variant == "loo-savg")
-    assert "tie on A with scalerl" in savg.note
     scalerl = next(row for row in report.rows if row.variant == "scalerl")
+    assert "scalerl" in savg.ranked.tie_with and "compared on B at common A" in savg.note
+    assert savg.ranked.b_fit.B > scalerl.ranked.b_fit.B
     assert scalerl.dA == 0.0 and savg.dB > 0
     assert scalerl.fit.A == pytest.approx(0.61, abs=0.01)
 
 
-def test_degenerate_and_failed_runs_are_reported_not_fatal(report):
-    rows = {r[0]: dict(zip(CSV_COLUMNS, r)) for r in _csv_rows(report.csv)[1:]}
+def test_verdicts_against_the_base_recipe(report):
+    verdicts = {row.variant: row.verdict.label for row in report.rows}
+    assert verdicts["scalerl"] == "base"
+    assert verdicts["loo-fp32"] == verdicts["loo-dapo"] == verdicts["loo-npr"] == "moves A"  # -0.09, -0.06, -0.04
+    assert verdicts["loo-savg"] == "moves B"  # A tied (-0.01), B 2.4 vs 1.9
+    assert verdicts["loo-lp"] == verdicts["loo-plan"] == "no fit"
+    rows = _rows(report)
+    assert rows["loo-fp32"]["verdict"] == "moves A" and float(rows["loo-fp32"]["dA"]) == pytest.approx(-0.09, abs=0.01)
+    assert float(rows["loo-savg"]["verdict_common_A"]) == pytest.approx(0.605, abs=0.01)
+    assert float(rows["loo-savg"]["rank_B"]) > float(rows["scalerl"]["rank_B"])  # compared at one common A
+
+
+def test_degenerate_failed_and_running_runs_are_reported_not_fatal(report):
+    rows = _rows(report)
     lp = rows["loo-lp"]
     assert lp["status"].startswith("too few points")
-    assert all(lp[c] == "" for c in CSV_COLUMNS[1:-1])
-    assert report.rows[-1].variant == "loo-lp" and report.rows[-1].rank is None
-    assert rows["loo-8op"]["status"].endswith("run FAILED")
+    assert all(lp[c] == "" for c in CSV_COLUMNS[1:-1])  # no invented number
+    assert rows["loo-plan"]["status"].startswith("diverged: pass rate fell")
+    assert rows["loo-plan"]["A"] == ""
+    assert [row.rank for row in report.rows[-2:]] == [None, None]
+    assert {row.variant for row in report.rows[-2:]} == {"loo-lp", "loo-plan"}
+    assert rows["loo-8op"]["status"] == "ok; run FAILED"  # its 4,000 GPU-hours are fitted, the crash is said
+    assert rows["loo-gspo"]["status"] == "ok; run RUNNING (provisional)"
     assert rows["scalerl"]["status"] == "ok"
     assert float(rows["scalerl"]["A_lo"]) < float(rows["scalerl"]["A"]) < float(rows["scalerl"]["A_hi"])
 
 
 def test_report_files_are_complete(report):
     md = report.markdown.read_text()
-    assert "| rank | variant |" in md and "loo-savg" in md and "A is the asymptotic pass rate" in md
+    assert "| rank | variant | seeds |" in md and "loo-savg" in md and "A is the ceiling" in md
+    assert "## Extrapolation check" in md and "power law" in md and "## Verdicts" in md
     html = report.html.read_text()
-    # one overview + one figure per run, embedded so that the page stands alone
-    assert html.count("data:image/png;base64,") == 1 + len(report.rows)
-    assert 'src="fit-' not in html
+    # A and B side by side, the overview, the linearized plot and one figure per variant, embedded
+    assert html.count("data:image/png;base64,") == 3 + len(report.rows)
+    assert 'src="fit-' not in html and "moves A" in html
     for path in report.paths:
         assert path.exists() and path.stat().st_size > 0
-    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in [report.overview, *report.plots])
+    figures = [report.overview, report.params_plot, report.linearized, *report.plots]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in figures)
+    scalerl = next(row for row in report.rows if row.variant == "scalerl")
+    assert scalerl.extrapolation.ok and abs(scalerl.extrapolation.error) < 0.03
 
 
 def test_report_is_attached_to_the_sweep_parent(study, report):
     assert report.artifact_run_id == study.parents[SWEEP] and report.artifact_error is None
     client = MlflowClient(tracking_uri=study.uri)
     names = {Path(a.path).name for a in client.list_artifacts(study.parents[SWEEP], "report")}
-    assert {"fits.csv", "report.md", "report.html", "overview.png"} <= names
+    assert {"fits.csv", "report.md", "report.html", "overview.png", "params.png", "linearized.png"} <= names
     assert {p.name for p in report.plots} <= names
 
 
 def test_runs_of_two_parents_are_reported_but_attached_nowhere(study, tmp_path):
     report = make_report(EXPERIMENT, tracking_uri=study.uri, out_dir=tmp_path)
-    assert len(report.rows) == len(VARIANTS)
+    assert len(report.rows) == len(ROWS) + 1  # the other sweep's scalerl is a row of its own (no params to match)
     assert report.artifact_run_id is None
     labels = [row.label for row in report.rows]
     assert len(set(labels)) == len(labels)  # the two scalerl runs are told apart
@@ -194,6 +251,23 @@ def test_run_ids_restrict_the_report(study, tmp_path):
     report = make_report(EXPERIMENT, tracking_uri=study.uri, out_dir=tmp_path, sweep=SWEEP, run_ids=wanted)
     assert [row.variant for row in report.rows] == ["scalerl", "loo-dapo"]
     assert report.artifact_run_id == study.parents[SWEEP]
+
+
+def test_seeds_are_matched_by_params_apart_from_the_seed():
+    def curve(variant, sweep, **params):
+        return RunCurve(run_id=f"{variant}{sweep}{params}", run_name=variant, variant=variant, axis="", choice="",
+                        signature=str(params), status="FINISHED", sweep=sweep, parent_run_id=None,
+                        step=np.zeros(1), compute=np.zeros(1), pass_rate=np.zeros(1), params=params)
+
+    curves = [
+        curve("scalerl", "s1", **{"seed": "0", "loss.name": "cispo", "launcher.name": "local", "mock.run.A": "0.61"}),
+        curve("scalerl", "s2", **{"seed": "1", "loss.name": "cispo", "launcher.name": "slurm", "mock.run.A": "0.60"}),
+        curve("scalerl", "s2", **{"seed": "2", "loss.name": "dapo"}),  # the same name, another config
+        curve("loo-dapo", "s1", **{"seed": "0", "loss.name": "dapo"}),
+    ]
+    groups = group_seeds(curves)
+    assert [len(g) for g in groups] == [2, 1, 1]
+    assert [c.params["seed"] for c in groups[0]] == ["0", "1"]
 
 
 def test_bad_input_errors_name_the_problem(study, tmp_path):
@@ -248,3 +322,52 @@ def test_cli_report_never_imports_torch_or_the_trainer(study, tmp_path):
     assert "| 1 | scalerl |" in proc.stdout  # the ranked table on stdout
     assert f"wrote reports/{EXPERIMENT}/report.html" in proc.stdout  # default --out
     assert (tmp_path / "reports" / EXPERIMENT / "fits.csv").exists()
+
+
+# --- a real finished mock sweep ----------------------------------------------------------------------------------
+
+MOCK_SWEEP = ["-m", "ablate", "sweep=loo", "launcher=local", "train.steps=30", "train.val_every=3",
+              "sweep.report=false"]
+
+
+@pytest.fixture(scope="module")
+def mock_sweep(tmp_path_factory):
+    """`python -m ablate sweep=loo` with the mock generator (the laptop default): 9 variants, 30 steps, validation
+    every 3 steps (11 points to 16k GPU-hours), logged to ./mlflow.db; then the report, built from that database."""
+    folder = tmp_path_factory.mktemp("mock-sweep")
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.run([sys.executable, *MOCK_SWEEP], cwd=folder, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    uri = f"sqlite:///{folder}/mlflow.db"
+    report = make_report("tiny", tracking_uri=uri, out_dir=folder / "report")
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("tiny")
+    runs = client.search_runs([experiment.experiment_id])
+    truth = {r.data.tags["ablate.variant"]: r.data.params for r in runs if r.data.tags.get("ablate.role") == "variant"}
+    parent = next(r.info.run_id for r in runs if r.data.tags.get("ablate.role") == "sweep")
+    return report, truth, parent, uri
+
+
+def test_report_of_a_real_mock_sweep(mock_sweep):
+    report, truth, parent, uri = mock_sweep
+    assert sorted(row.variant for row in report.rows) == sorted(truth) and len(truth) == 9
+    assert all(row.fit.ok and row.status == "ok" and row.n_seeds == 1 for row in report.rows)
+    verdicts = {row.variant: row.verdict.label for row in report.rows}
+    assert verdicts["scalerl"] == "base" and verdicts["loo-fp32"] == "moves A"  # fp32 head: A -0.09
+    assert set(verdicts.values()) <= {"base", "moves A", "moves B", "no detectable change"}
+
+    # each run's own A (the mock's truth for that run) inside its 90% interval: all but a couple
+    inside = [row.fit.ci["A"][0] <= float(truth[row.variant]["mock.run.A"]) <= row.fit.ci["A"][1]
+              for row in report.rows]
+    assert sum(inside) >= 7, inside
+    # variants whose true A differ by more than 0.05 are ranked in that order (fits.csv is in rank order)
+    position = {row["variant"]: i for i, row in enumerate(csv.DictReader(report.csv.open()))}
+    true_a = {name: float(params["mock.truth.A"]) for name, params in truth.items()}
+    for a, b in [(a, b) for a in true_a for b in true_a if true_a[a] > true_a[b] + 0.05]:
+        assert position[a] < position[b], (a, b)
+
+    assert report.artifact_run_id == parent and report.artifact_error is None
+    names = {Path(a.path).name for a in MlflowClient(tracking_uri=uri).list_artifacts(parent, "report")}
+    assert {"fits.csv", "report.md", "report.html", "params.png", "linearized.png"} <= names
+    assert report.html.read_text().count("data:image/png;base64,") == 3 + len(report.rows)

@@ -106,7 +106,7 @@ def _wait_for_step(tmp_path, step, timeout=240) -> str:
             runs = [r for r in client.search_runs([exp]) if r.data.tags["ablate.role"] == "variant"]
             if runs and _last_step(client, runs[0].info.run_id) >= step:
                 return runs[0].info.run_id
-    raise AssertionError(f"the run did not reach step {step}")
+    raise AssertionError(f"the run did not reach step {step}:\n{_status(tmp_path).stdout}")
 
 
 def _assert_complete(client, run_id, steps):
@@ -141,7 +141,7 @@ def test_a_cancelled_sweep_resumes_when_run_again(slurm, tmp_path):
     assert out.returncode == 0, out.stderr
     run_id = _wait_for_step(tmp_path, 45)
     running = _ablate(tmp_path, *RESUMABLE, env=slurm.env)
-    assert "0 to run, 0 already FINISHED, 1 still running (left alone)" in running.stdout
+    assert "0 to run, 0 already FINISHED (skipped), 1 still running (left alone)" in running.stdout
     cancel = run_cli("-m", "launch", "cancel", cwd=tmp_path)
     assert cancel.returncode == 0 and "cancelled 1 job" in cancel.stdout
     _wait_until_done(tmp_path)

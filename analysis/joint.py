@@ -1,0 +1,124 @@
+"""Several variants refitted with a common A, to compare their B (the paper's method, with honest intervals).
+
+The paper refits runs whose A are within 0.02 with "the average A" fixed and compares B. Fixing A at a value it
+was not fitted to moves B, and an interval on B that takes that A as exact is too narrow: two curves with the same
+truth can then show B intervals that do not overlap. Here the common A is a shared parameter of a joint fit:
+- the joint profile deviance of A is the sum of each curve's fixed-A profile (computed from the curve's posterior
+  grid: given (B, C_mid) the law is linear in A, so each cell gives its deviance for any A in closed form);
+- the common A is its minimum, the B (and C_mid) reported are each curve's refit with A fixed there;
+- each curve's interval on B is its likelihood-ratio interval in the joint model: the shared A free, so the
+  uncertainty of the common A widens every B.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
+
+from analysis.fit import FitError, Prepared, SigmoidFit
+from analysis.posterior import FitState, _chi2_cut, fit_state
+
+A_POINTS = 241
+
+
+@dataclass(frozen=True)
+class CommonAFit:
+    A: float  # the common A (joint least squares)
+    ci_A: tuple[float, float]
+    fits: list[SigmoidFit]  # per curve, in input order: the refit with A fixed at the common A; ci["B"] and
+    #                         ci["C_mid"] are the joint intervals (the common A's uncertainty included)
+
+
+def fit_common_A(datasets: Sequence[Prepared], states: Sequence[FitState] | None = None) -> CommonAFit:
+    """Fit the curves jointly with one shared A; raises FitError when a curve cannot be fitted."""
+    if states is None:
+        states = [fit_state(d) for d in datasets]
+    fits = [st.fit for st in states]
+    lo = max(max(d.R0 for d in datasets) + 1e-6, min(f.ci["A"][0] for f in fits))
+    hi = min(1.0, max(f.ci["A"][1] for f in fits))
+    if not lo < hi:
+        raise FitError("no common A: every A would sit below some run's R0")
+    a_grid = np.linspace(lo, hi, A_POINTS)
+
+    # a first common A from each curve's own grid, then grids that also cover each curve's fit at that A
+    a_hat = a_grid[int(np.argmin(sum(_profile(st.cells, a_grid, st.sigma2["A"]) for st in states)))]
+    fixed = [fit_state(d, A_fixed=float(a_hat)) for d in datasets]
+    cells = [_covering(st.cells, fx.cells) for st, fx in zip(states, fixed)]
+
+    prof_a = [_profile(c, a_grid, st.sigma2["A"]) for c, st in zip(cells, states)]
+    total = sum(prof_a)
+    k = int(np.argmin(total))
+    a_best = float(_parabola_min(a_grid, total, k))
+    dev = total - total.min()
+    inside = np.flatnonzero(dev <= _chi2_cut())
+    ci_A = (float(a_grid[inside[0]]), float(a_grid[inside[-1]]))
+    if a_best != a_hat:
+        fixed = [fit_state(d, A_fixed=a_best) for d in datasets]
+
+    out = []
+    for i, (st, fx, c) in enumerate(zip(states, fixed, cells)):
+        others = sum(p for j, p in enumerate(prof_a) if j != i) if len(prof_a) > 1 else np.zeros_like(a_grid)
+        ci = dict(fx.fit.ci)
+        for name, axis in (("B", 0), ("C_mid", 1)):
+            lo_x, hi_x = _joint_interval(c, a_grid, st.sigma2[name], others, axis)
+            ci[name] = (math.exp(lo_x), math.exp(hi_x))
+        notes = tuple(n for n in fx.fit.notes if not n.startswith("A fixed"))
+        notes += (f"A shared with {len(datasets) - 1} other run(s) at {a_best:.4g} "
+                  f"[{ci_A[0]:.4g}, {ci_A[1]:.4g}]",)
+        out.append(replace(fx.fit, ci=ci, notes=notes, method="common-A"))
+    return CommonAFit(A=a_best, ci_A=ci_A, fits=out)
+
+
+def _parabola_min(x: np.ndarray, y: np.ndarray, k: int) -> float:
+    if 0 < k < len(x) - 1:
+        y0, y1, y2 = y[k - 1], y[k], y[k + 1]
+        denom = y0 - 2 * y1 + y2
+        if denom > 0:
+            return float(x[k] + 0.5 * (y0 - y2) / denom * (x[1] - x[0]))
+    return float(x[k])
+
+
+def _covering(free_cells, fixed_cells):
+    """A grid (A free) over the hull of the free fit's box and the fixed-A fit's box."""
+    lo = np.minimum([free_cells.edges_u[0], free_cells.edges_v[0]], [fixed_cells.edges_u[0], fixed_cells.edges_v[0]])
+    hi = np.maximum([free_cells.edges_u[-1], free_cells.edges_v[-1]],
+                    [fixed_cells.edges_u[-1], fixed_cells.edges_v[-1]])
+    return free_cells.g._cells(lo, hi)
+
+
+def _quad_at(cells, a_grid: np.ndarray, sigma2: float) -> np.ndarray:
+    """Deviance (-2 log profile likelihood) per (A, cell): the cell's best plus ((A - R0hat - mean) / sd)^2."""
+    _, quad, _, mean, sd, _ = cells._solve(sigma2)
+    gain = a_grid - cells.g.R0
+    sd = np.maximum(sd, 1e-300)
+    return quad[None] + ((gain[:, None, None] - mean[None]) / sd[None]) ** 2
+
+
+def _profile(cells, a_grid: np.ndarray, sigma2: float) -> np.ndarray:
+    return _quad_at(cells, a_grid, sigma2).min(axis=(1, 2))
+
+
+def _joint_interval(cells, a_grid, sigma2, others: np.ndarray, axis: int) -> tuple[float, float]:
+    """Likelihood-ratio interval on log B (axis 0) or log C_mid (axis 1) of one curve in the joint model."""
+    q = _quad_at(cells, a_grid, sigma2)  # (A, u, v)
+    prof = q.min(axis=2 - axis) + others[:, None]  # (A, u) or (A, v)
+    prof = prof.min(axis=0)
+    dev = prof - prof.min()
+    cut = _chi2_cut()
+    centres = cells.u if axis == 0 else cells.v
+    edges = cells.edges_u if axis == 0 else cells.edges_v
+    lower, upper = cells.g.box
+    inside = np.flatnonzero(dev <= cut)
+    i0, i1 = int(inside[0]), int(inside[-1])
+    if i0 == 0:
+        lo = -math.inf if edges[0] <= lower[axis] + 1e-9 else float(edges[0])
+    else:
+        lo = float(np.interp(cut, [dev[i0], dev[i0 - 1]], [centres[i0], centres[i0 - 1]]))
+    if i1 == len(centres) - 1:
+        hi = math.inf if edges[-1] >= upper[axis] - 1e-9 else float(edges[-1])
+    else:
+        hi = float(np.interp(cut, [dev[i1], dev[i1 + 1]], [centres[i1], centres[i1 + 1]]))
+    return lo, hi

@@ -1,0 +1,165 @@
+"""The sigmoid fitter against the paper's procedure, on synthetic curves with a known truth (issue 4).
+
+Curves (analysis/synthetic.py): A in 0.5-0.75, B in 1-3, C_mid in 1.5k-9k GPU-hours, R0 in 0.25-0.40; observed
+from 0 to 16k GPU-hours every 100-250 GPU-hours; binomial noise of 1,000 prompts x 16 samples per point plus a slow
+run-level wobble (AR(1) in compute, sd 0.004, correlation length 1,000 GPU-hours, as the mock generator's).
+
+Measured in one process:
+- fit_sigmoid on every curve, the paper's procedure (fit_paper: grid over A and C_mid, B by curve_fit) on the
+  first --paper-curves of them: median and 95th-percentile absolute errors of A, B, C_mid; failures; time per
+  curve; the coverage of fit_sigmoid's 90% intervals (per parameter);
+- the extrapolation check: fit on compute <= 8k, predict the end of the run (mean over its last 5%), against the
+  observation there and against the truth; a power law fitted to the same points, for contrast;
+- curves cut before their midpoint (at 0.8 C_mid): coverage and width of the A interval.
+
+    python bench/bench_fit.py                              # 200 curves, the paper's procedure on 60
+    python bench/bench_fit.py --curves 500 --paper-curves 100
+Targets: >= 100x faster than the paper's procedure; A error no worse at the median and the 95th percentile;
+coverage 85-95%; no failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from analysis.extrapolate import extrapolation_check  # noqa: E402
+from analysis.fit import FitError, fit_sigmoid  # noqa: E402
+from analysis.paper import fit_paper  # noqa: E402
+from analysis.synthetic import benchmark_curves  # noqa: E402
+
+PARAMS = ("A", "B", "C_mid")
+
+
+def run_method(fit, curves):
+    """(fits or None per curve, seconds per curve)."""
+    out, seconds = [], []
+    for curve in curves:
+        start = time.perf_counter()
+        try:
+            f = fit(curve.compute, curve.reward)
+            f = f if f.ok and all(math.isfinite(getattr(f, p)) for p in PARAMS) else None
+        except FitError:
+            f = None
+        seconds.append(time.perf_counter() - start)
+        out.append(f)
+    return out, np.array(seconds)
+
+
+def errors(fits, curves, name):
+    return np.array([abs(getattr(f, name) - getattr(c.truth, name)) for f, c in zip(fits, curves) if f is not None])
+
+
+def coverage(fits, curves, name):
+    hits = [f.ci[name][0] <= getattr(c.truth, name) <= f.ci[name][1] for f, c in zip(fits, curves) if f is not None]
+    return float(np.mean(hits)), len(hits)
+
+
+def fmt_err(e: np.ndarray, name: str) -> str:
+    if name == "C_mid":
+        return f"{np.median(e):>7.0f} {np.percentile(e, 95):>7.0f}"
+    digits = 4 if name == "A" else 3
+    return f"{np.median(e):>7.{digits}f} {np.percentile(e, 95):>7.{digits}f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--curves", type=int, default=200, help="synthetic curves for fit_sigmoid (default 200)")
+    parser.add_argument("--paper-curves", type=int, default=60,
+                        help="of those, how many the paper's procedure fits too (default 60; ~3 s each)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    m = min(args.paper_curves, args.curves)
+    curves = benchmark_curves(args.curves, seed=args.seed)
+    print(f"cores: {os.cpu_count()}  python: {sys.version.split()[0]}  curves: {args.curves} (seed {args.seed}), "
+          f"the paper's procedure on the first {m}")
+
+    run_method(fit_sigmoid, curves[:1])  # warm up: the first call imports scipy's optimizers
+    fast, fast_s = run_method(fit_sigmoid, curves)
+    paper, paper_s = run_method(fit_paper, curves[:m])
+
+    print("\nabsolute errors against the truth (median, 95th percentile); time per curve (mean)")
+    print(f"{'method':<24}{'curves':>7}{'fail':>5}   {'A med':>7} {'A p95':>7}   {'B med':>7} {'B p95':>7}"
+          f"   {'C_mid med':>9} {'p95':>7}   {'ms/curve':>9}")
+    rows = [("fit_sigmoid", fast, fast_s, curves), (f"fit_sigmoid (first {m})", fast[:m], fast_s[:m], curves[:m]),
+            (f"paper (first {m})", paper, paper_s, curves[:m])]
+    for name, fits, secs, cs in rows:
+        fails = sum(f is None for f in fits)
+        errs = [fmt_err(errors(fits, cs, p), p) for p in PARAMS]
+        print(f"{name:<24}{len(cs):>7}{fails:>5}   {errs[0]}   {errs[1]}   {errs[2]:>17}   {1e3 * secs.mean():>9.1f}")
+    speedup = paper_s.mean() / fast_s.mean()
+    print(f"speedup: {speedup:,.0f}x (paper {paper_s.mean():.2f} s/curve on {m} curves, fit_sigmoid "
+          f"{1e3 * fast_s.mean():.1f} ms/curve mean, {1e3 * np.median(fast_s):.1f} ms median, "
+          f"{1e3 * fast_s.max():.1f} ms max, intervals included)")
+
+    print(f"\ncoverage of fit_sigmoid's 90% intervals ({args.curves} curves; binomial sd "
+          f"{100 * math.sqrt(0.09 / max(args.curves, 1)):.1f} points)")
+    cov = {}
+    for p in PARAMS:
+        cov[p], n = coverage(fast, curves, p)
+        below = np.mean([getattr(c.truth, p) < f.ci[p][0] for f, c in zip(fast, curves) if f is not None])
+        print(f"  {p:<6} {100 * cov[p]:5.1f}%   (truth below the interval {100 * below:4.1f}%, "
+              f"above {100 * (1 - cov[p] - below):4.1f}%)")
+
+    # extrapolation: fit on the first half of the compute, predict the end
+    ex = [extrapolation_check(c.compute, c.reward, fraction=0.5) for c in curves]
+    ok = [(e, c) for e, c in zip(ex, curves) if e.ok]
+    err_obs = np.array([abs(e.error) for e, _ in ok])
+    err_true = np.array([abs(e.predicted - float(c.truth(e.end_compute).mean())) for e, c in ok])
+    inside = np.mean([e.predicted_ci[0] <= float(c.truth(e.end_compute).mean()) <= e.predicted_ci[1] for e, c in ok])
+    pw = [(e, c) for e, c in ok if e.power is not None and e.power.ok]
+    pw_obs = np.array([abs(e.power_error) for e, _ in pw])
+    pw_A = np.array([e.power.A for e, _ in pw])
+    sig_A = np.array([abs(e.sigmoid.A - c.truth.A) for e, c in ok])
+    print(f"\nextrapolation: fit on compute <= 8,000 GPU-hours, predict the end of the run (mean over its last 5%); "
+          f"{len(ok)} of {len(curves)} checks made")
+    print(f"  sigmoid    |pred - observed| median {np.median(err_obs):.4f}  p95 {np.percentile(err_obs, 95):.4f};  "
+          f"|pred - truth| median {np.median(err_true):.4f}  p95 {np.percentile(err_true, 95):.4f};  "
+          f"truth in the 90% band {100 * inside:.0f}%;  |A(half) - A| median {np.median(sig_A):.4f}")
+    print(f"  power law  |pred - observed| median {np.median(pw_obs):.4f}  p95 {np.percentile(pw_obs, 95):.4f};  "
+          f"its A: median {np.median(pw_A):.3f}, at 1.0 for {100 * np.mean(pw_A >= 0.999):.0f}% "
+          f"(truth: A median {np.median([c.truth.A for c in curves]):.3f})")
+
+    # curves cut before their midpoint: the interval on A must say that A is loose
+    cut_cov, widths_cut, widths_full, open_top = [], [], [], 0
+    for f_full, c in zip(fast, curves[:100]):
+        keep = c.compute <= 0.8 * c.truth.C_mid
+        try:
+            f = fit_sigmoid(c.compute[keep], c.reward[keep], c_min=1500.0)
+        except FitError:
+            continue
+        cut_cov.append(f.ci["A"][0] <= c.truth.A <= f.ci["A"][1])
+        widths_cut.append(f.ci["A"][1] - f.ci["A"][0])
+        open_top += f.ci["A"][1] >= 1.0
+        if f_full is not None:
+            widths_full.append(f_full.ci["A"][1] - f_full.ci["A"][0])
+    print(f"\ncurves cut at 0.8 C_mid (before the midpoint), fitted from 1,500 GPU-hours: {len(cut_cov)} fits")
+    print(f"  A interval: coverage {100 * np.mean(cut_cov):.0f}%, median width {np.median(widths_cut):.3f} "
+          f"(whole curves: {np.median(widths_full):.3f}), open up to 1 in {100 * open_top / max(len(cut_cov), 1):.0f}%")
+
+    fast_a, paper_a = errors(fast[:m], curves[:m], "A"), errors(paper, curves[:m], "A")
+    checks = [
+        (f"speedup >= 100x: {speedup:,.0f}x", speedup >= 100),
+        (f"A error median <= paper's on the same {m} curves: {np.median(fast_a):.4f} vs {np.median(paper_a):.4f}",
+         np.median(fast_a) <= np.median(paper_a)),
+        (f"A error p95 <= paper's: {np.percentile(fast_a, 95):.4f} vs {np.percentile(paper_a, 95):.4f}",
+         np.percentile(fast_a, 95) <= np.percentile(paper_a, 95)),
+        ("coverage in 85-95%: " + ", ".join(f"{p} {100 * cov[p]:.1f}%" for p in PARAMS),
+         all(0.85 <= cov[p] <= 0.95 for p in PARAMS)),
+        (f"no failure: {sum(f is None for f in fast)} of {args.curves}", all(f is not None for f in fast)),
+    ]
+    print("\ntargets")
+    for text, passed in checks:
+        print(f"  {'PASS' if passed else 'FAIL'}  {text}")
+
+
+if __name__ == "__main__":
+    main()
