@@ -186,6 +186,9 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Optional
     torch.manual_seed(cfg.seed)
     folder = Path(cfg.paths.runs) / run_id
     tracker = RunLogger(tracking_uri, run_id, flush_every=cfg.tracking.flush_every, spill_path=folder / "spill.jsonl")
+    if tracker.client.get_run(run_id).info.status == "FINISHED":  # e.g. requeued just as it finished: done already
+        print(f"run {run_id} is already FINISHED: nothing to do", file=sys.stderr, flush=True)
+        return RunState(step=cfg.train.steps)
     generator = build(cfg.generator, cfg=cfg)
     prompt_filter, length_control = build(cfg.filtering), build(cfg.length_control)
     learner = Learner(cfg)

@@ -118,3 +118,19 @@ def test_a_preemption_notice_checkpoints_at_the_end_of_the_step_and_the_run_resu
     assert run.info.status == "FINISHED" and int(run.data.tags["ablate.resumed_from"]) == saved_at
     compute = sorted(m.step for m in client.get_metric_history(run_id, "compute/gpu_hours"))
     assert compute == list(range(0, 151))
+
+
+def test_a_job_started_again_for_a_finished_run_does_nothing(tmp_path, mlflow_uri):
+    # e.g. a job requeued just as its run finished: running it again must not log the run a second time
+    from ablate.config import compose
+    from ablate.job import run_variant
+    from ablate.run import job_config
+
+    client = tracking.client(mlflow_uri)
+    run_id = tracking.create_variant_run(client, tracking.experiment_id(client, "tiny"), "scalerl", {})
+    config = job_config(compose(["train.steps=4", f"paths.runs={tmp_path}/runs"]))
+    assert run_variant(config, run_id, mlflow_uri)["step"] == 4
+    logged = len(client.get_metric_history(run_id, "compute/gpu_hours"))
+    assert logged == 5 and client.get_run(run_id).info.status == "FINISHED"
+    run_variant(config, run_id, mlflow_uri)
+    assert len(client.get_metric_history(run_id, "compute/gpu_hours")) == logged

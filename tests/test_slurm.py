@@ -118,7 +118,7 @@ def _assert_complete(client, run_id, steps):
     assert compute == list(range(0, steps + 1)), "a step is missing"
 
 
-RESUMABLE = ["sweep=recipes", "sweep.recipes=[scalerl]", "train.steps=150", "train.checkpoint_every=20",
+RESUMABLE = ["sweep=recipes", "sweep.recipes=[scalerl]", "train.steps=400", "train.checkpoint_every=20",
              "train.val_every=5"]
 
 
@@ -132,7 +132,7 @@ def test_a_requeued_job_resumes_its_run_with_no_lost_or_duplicated_steps(slurm, 
     assert status.returncode == 0, status.stdout
     client, exp = _client(tmp_path)
     assert len([r for r in client.search_runs([exp]) if r.data.tags["ablate.role"] == "variant"]) == 1
-    _assert_complete(client, run_id, 150)
+    _assert_complete(client, run_id, 400)
     assert int(client.get_run(run_id).data.tags["ablate.resumed_from"]) >= 20  # the second start used a checkpoint
 
 
@@ -152,7 +152,7 @@ def test_a_cancelled_sweep_resumes_when_run_again(slurm, tmp_path):
     assert "1 to run, 0 already FINISHED" in again.stdout  # the cancelled one, into the same run
     status = _wait_until_done(tmp_path, timeout=400)
     assert status.returncode == 0, status.stdout
-    _assert_complete(client, run_id, 150)
+    _assert_complete(client, run_id, 400)
     assert int(client.get_run(run_id).data.tags["ablate.resumed_from"]) >= 20
 
 
