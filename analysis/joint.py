@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from analysis.fit import FitError, Prepared, SigmoidFit
-from analysis.posterior import FitState, _chi2_cut, fit_state
+from analysis.posterior import FitState, _chi2_cut, deviance_interval, fit_state
 
 A_POINTS = 241
 
@@ -105,20 +105,4 @@ def _joint_interval(cells, a_grid, sigma2, others: np.ndarray, axis: int) -> tup
     """Likelihood-ratio interval on log B (axis 0) or log C_mid (axis 1) of one curve in the joint model."""
     q = _quad_at(cells, a_grid, sigma2)  # (A, u, v)
     prof = q.min(axis=2 - axis) + others[:, None]  # (A, u) or (A, v)
-    prof = prof.min(axis=0)
-    dev = prof - prof.min()
-    cut = _chi2_cut()
-    centres = cells.u if axis == 0 else cells.v
-    edges = cells.edges_u if axis == 0 else cells.edges_v
-    lower, upper = cells.g.box
-    inside = np.flatnonzero(dev <= cut)
-    i0, i1 = int(inside[0]), int(inside[-1])
-    if i0 == 0:
-        lo = -math.inf if edges[0] <= lower[axis] + 1e-9 else float(edges[0])
-    else:
-        lo = float(np.interp(cut, [dev[i0], dev[i0 - 1]], [centres[i0], centres[i0 - 1]]))
-    if i1 == len(centres) - 1:
-        hi = math.inf if edges[-1] >= upper[axis] - 1e-9 else float(edges[-1])
-    else:
-        hi = float(np.interp(cut, [dev[i1], dev[i1 + 1]], [centres[i1], centres[i1 + 1]]))
-    return lo, hi
+    return deviance_interval(cells, prof.min(axis=0), axis)

@@ -358,23 +358,7 @@ class _Cells:
         other parameters at their best) stays within the chi-square(1) quantile; an end that reaches the priors'
         bound is open (-inf / inf)."""
         bounded = self._solve(sigma2)[2]
-        prof = bounded.min(axis=1 - axis)
-        dev = prof - prof.min()
-        cut = _chi2_cut()
-        centres = self.u if axis == 0 else self.v
-        edges = self.edges_u if axis == 0 else self.edges_v
-        lower, upper = self.g.box
-        inside = np.flatnonzero(dev <= cut)
-        i0, i1 = int(inside[0]), int(inside[-1])
-        if i0 == 0:
-            lo = -math.inf if edges[0] <= lower[axis] + 1e-9 else float(edges[0])
-        else:
-            lo = float(np.interp(cut, [dev[i0], dev[i0 - 1]], [centres[i0], centres[i0 - 1]]))
-        if i1 == len(centres) - 1:
-            hi = math.inf if edges[-1] >= upper[axis] - 1e-9 else float(edges[-1])
-        else:
-            hi = float(np.interp(cut, [dev[i1], dev[i1 + 1]], [centres[i1], centres[i1 + 1]]))
-        return lo, hi
+        return deviance_interval(self, bounded.min(axis=1 - axis), axis)
 
     def profile_a(self, sigma2: float) -> tuple[float, float]:
         """Likelihood-ratio interval on A. Within a cell the deviance is quad + ((A - mean) / sd)^2, so the set
@@ -415,3 +399,25 @@ def _chi2_cut() -> float:
     from scipy.special import chdtri
 
     return float(chdtri(1, 1 - CI_LEVEL))
+
+
+def deviance_interval(cells, profile: np.ndarray, axis: int) -> tuple[float, float]:
+    """The interval on log B (axis 0) or log C_mid (axis 1) where a profile deviance over the grid's cells stays
+    within the chi-square(1) quantile, interpolated between cell centres; an end that reaches the priors' bound is
+    open (-inf / inf)."""
+    dev = profile - profile.min()
+    cut = _chi2_cut()
+    centres = cells.u if axis == 0 else cells.v
+    edges = cells.edges_u if axis == 0 else cells.edges_v
+    lower, upper = cells.g.box
+    inside = np.flatnonzero(dev <= cut)
+    i0, i1 = int(inside[0]), int(inside[-1])
+    if i0 == 0:
+        lo = -math.inf if edges[0] <= lower[axis] + 1e-9 else float(edges[0])
+    else:
+        lo = float(np.interp(cut, [dev[i0], dev[i0 - 1]], [centres[i0], centres[i0 - 1]]))
+    if i1 == len(centres) - 1:
+        hi = math.inf if edges[-1] >= upper[axis] - 1e-9 else float(edges[-1])
+    else:
+        hi = float(np.interp(cut, [dev[i1], dev[i1 + 1]], [centres[i1], centres[i1 + 1]]))
+    return lo, hi

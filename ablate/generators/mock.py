@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 from omegaconf import DictConfig
@@ -26,22 +24,10 @@ from omegaconf import DictConfig
 from ablate.config import choice_of, signature
 from ablate.registry import build
 from ablate.rollouts import Rollouts
+from analysis.synthetic import Truth  # the law of the paper (Eq. 1), one implementation for both
 
 INJECTED_TOKEN = 1  # the mock's stand-in for the ids of an injected phrase
 FIRST_SAMPLED_TOKEN = 4
-
-
-@dataclass(frozen=True)
-class Truth:
-    A: float
-    B: float
-    C_mid: float
-    R0: float
-
-    def __call__(self, compute: float) -> float:
-        if compute <= 0:
-            return self.R0
-        return self.R0 + (self.A - self.R0) / (1.0 + (self.C_mid / compute) ** self.B)
 
 
 def variant_truth(cfg: DictConfig) -> Truth:
