@@ -12,7 +12,7 @@ import math
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -207,7 +207,7 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Optional
         tracker.log_params({**params, **getattr(generator, "describe", dict)()})
     tracker.client.update_run(run_id, status="RUNNING")
     notice = PreemptionNotice()
-    n_params = _parameter_count(cfg.model)
+    n_params = sum(p.numel() for p in learner.policy.parameters())
     l_max = cfg.generation.max_think_tokens + cfg.generation.max_answer_tokens
 
     try:
@@ -287,12 +287,6 @@ def _staleness(rollouts: Rollouts, version: int) -> dict:
     return {"train/staleness_min": float(torch.where(mask, lag, torch.inf).min()),
             "train/staleness_mean": float((lag * mask).sum()) / n,
             "train/staleness_max": float(torch.where(mask, lag, -torch.inf).max())}
-
-
-def _parameter_count(model: DictConfig) -> int:
-    """A decoder-only transformer's parameters: embeddings plus 12 d^2 per layer (attention 4 d^2, MLP 8 d^2)."""
-    d = model.hidden_size
-    return model.vocab_size * d + 12 * model.num_layers * d * d
 
 
 def _step_flops(n_params: int, rollouts: Rollouts) -> float:

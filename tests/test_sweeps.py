@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from ablate.config import choice_of, compose, merge_overrides, semantic, signature
 from ablate.run import plan, sweep_id
-from ablate.sweeps import loo, recipes, single
+from ablate.sweeps import loo, single
 
 PAPER_LOO = {  # scalerl-facts.md, "The LOO variants", plus loo-npr
     "loo-dapo": "loss=dapo",
