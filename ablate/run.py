@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
@@ -133,27 +133,21 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     folder = Path(cfg.launcher.folder).resolve() / sid
 
     previous = _previous_jobs(folder)
-    specs, skip = [], {}
+    specs, kinds = [], {}
     for p in planned:
         runs = [] if cfg.sweep.force else tracking.find_runs(client, exp_id, signature=p.signature, role="variant")
-        done = next((r for r in runs if r.info.status == "FINISHED"), None)
-        unfinished = next((r for r in runs if r.info.status != "FINISHED"), None)
-        if done is not None:
-            skip[p.signature] = f"FINISHED as run {done.info.run_id}"
-            run_id = done.info.run_id
-        elif unfinished is not None and previous.get(unfinished.info.run_id, ("", ""))[1] in ALIVE:
-            skip[p.signature] = f"still running as job {previous[unfinished.info.run_id][0]}"  # left alone
-            run_id = unfinished.info.run_id
-        elif unfinished is not None:  # failed, killed, or its job is gone: again, resuming from its checkpoint
-            run_id = unfinished.info.run_id
-            client.update_run(run_id, status="SCHEDULED")
-        else:
+        kind, run_id = _decide(runs, previous)
+        if kind == "new":
             run_id = tracking.create_variant_run(client, exp_id, p.variant.name, variant_tags(p, sid), parent)
-        args = () if p.signature in skip else (job_config(p.cfg), run_id, uri)
+        elif kind == "resume":  # failed, killed, or its job is gone: again, resuming from its checkpoint
+            client.update_run(run_id, status="SCHEDULED")
+        kinds[p.signature] = kind
         meta = {"run_id": run_id}
-        if skip.get(p.signature, "").startswith("still running"):
+        if kind == "alive":
             meta["job_id"] = previous[run_id][0]  # the manifest keeps pointing at the job that runs it
+        args = (job_config(p.cfg), run_id, uri) if kind in ("new", "resume") else ()
         specs.append(JobSpec(p.variant.name, p.signature, args, meta))
+    skip_reasons = {"finished": "FINISHED", "alive": "still running (left alone)"}
 
     from ablate.job import run_variant
 
@@ -162,11 +156,10 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
              "metrics": ["val/pass_rate", "compute/gpu_hours"]}
     submitting = time.perf_counter()
     submission = submit(run_variant, specs, launcher, folder, job_name=f"ablate-{sid}",
-                        done=lambda spec: skip.get(spec.signature), about=about)
+                        done=lambda spec: skip_reasons.get(kinds[spec.signature]), about=about)
     submit_s = time.perf_counter() - submitting
     new = [it for it in submission.items if not it.skipped_as]
-    finished = sum(1 for it in submission.items if (it.skipped_as or "").startswith("FINISHED"))
-    alive = len(submission.items) - len(new) - finished
+    finished, alive = (sum(1 for k in kinds.values() if k == kind) for kind in ("finished", "alive"))
     print(f"parent run {parent} in experiment '{cfg.tracking.experiment}' at {uri}")
     print(f"{len(new)} to run, {finished} already FINISHED (skipped)"
           + (f", {alive} still running (left alone)" if alive else "") + f"; jobs in {folder}")
@@ -191,6 +184,20 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     if cfg.sweep.report:
         make_report(cfg, uri, sid, [it.spec.meta["run_id"] for it in submission.items])
     return 1 if failed else 0
+
+
+def _decide(runs: list, previous: dict[str, tuple[str, str]]) -> tuple[str, Optional[str]]:
+    """What a re-sweep does with a variant, given its runs (newest first) and the sweep's earlier jobs:
+    ("finished", run) skip it; ("alive", run) leave its live job alone; ("resume", run) submit it again into the
+    same run; ("new", None) a first run."""
+    done = next((r for r in runs if r.info.status == "FINISHED"), None)
+    if done is not None:
+        return "finished", done.info.run_id
+    unfinished = next((r for r in runs if r.info.status != "FINISHED"), None)
+    if unfinished is None:
+        return "new", None
+    run_id = unfinished.info.run_id
+    return ("alive" if previous.get(run_id, ("", ""))[1] in ALIVE else "resume"), run_id
 
 
 def _previous_jobs(folder: Path) -> dict[str, tuple[str, str]]:
