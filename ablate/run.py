@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
@@ -76,14 +76,6 @@ def job_config(cfg: DictConfig) -> dict:
     return config
 
 
-def resumable(client, exp_id: str, signature: str, runs_folder: Path):
-    """The newest unfinished run with this signature that left a checkpoint, or None."""
-    for run in tracking.find_runs(client, exp_id, signature=signature, role="variant"):
-        if run.info.status != "FINISHED" and (runs_folder / run.info.run_id / "checkpoint.pt").exists():
-            return run
-    return None
-
-
 def run_single(cfg: DictConfig, overrides: Sequence[str]) -> int:
     """`python -m ablate`: the composed config once, here, in the foreground, with a progress bar.
 
@@ -93,15 +85,14 @@ def run_single(cfg: DictConfig, overrides: Sequence[str]) -> int:
     uri = tracking.check_reachable(cfg.tracking.uri, cfg.tracking.timeout_s)
     client = tracking.client(uri)
     exp_id = tracking.experiment_id(client, cfg.tracking.experiment)
-    done = tracking.find_finished(client, exp_id, p.signature)
-    if done is not None and not cfg.sweep.force:
-        print(f"{p.variant.name} ({p.signature}) already FINISHED as MLflow run {done.info.run_id} in experiment "
+    runs = [] if cfg.sweep.force else tracking.find_runs(client, exp_id, signature=p.signature, role="variant")
+    kind, run_id = _decide(runs, {}, _has_checkpoint(cfg))
+    if kind == "finished":
+        print(f"{p.variant.name} ({p.signature}) already FINISHED as MLflow run {run_id} in experiment "
               f"'{cfg.tracking.experiment}'; nothing to do (sweep.force=true runs it again).")
         return 0
-    unfinished = None if cfg.sweep.force else resumable(client, exp_id, p.signature, Path(cfg.paths.runs))
-    if unfinished is not None:
-        run_id = unfinished.info.run_id
-        print(f"{p.variant.name}: resuming MLflow run {run_id} ({unfinished.info.status}) from its checkpoint")
+    if kind == "resume":
+        print(f"{p.variant.name}: resuming MLflow run {run_id} from its checkpoint")
     else:
         run_id = tracking.create_variant_run(client, exp_id, p.variant.name, variant_tags(p, "none"))
         print(f"{p.variant.name}: MLflow run {run_id} in experiment '{cfg.tracking.experiment}' at {uri}")
@@ -136,10 +127,10 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     specs, kinds = [], {}
     for p in planned:
         runs = [] if cfg.sweep.force else tracking.find_runs(client, exp_id, signature=p.signature, role="variant")
-        kind, run_id = _decide(runs, previous)
+        kind, run_id = _decide(runs, previous, _has_checkpoint(cfg))
         if kind == "new":
             run_id = tracking.create_variant_run(client, exp_id, p.variant.name, variant_tags(p, sid), parent)
-        elif kind == "resume":  # failed, killed, or its job is gone: again, resuming from its checkpoint
+        elif kind == "resume":  # failed, killed, or its job is gone: again, from its checkpoint
             client.update_run(run_id, status="SCHEDULED")
         kinds[p.signature] = kind
         meta = {"run_id": run_id}
@@ -186,18 +177,25 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     return 1 if failed else 0
 
 
-def _decide(runs: list, previous: dict[str, tuple[str, str]]) -> tuple[str, Optional[str]]:
-    """What a re-sweep does with a variant, given its runs (newest first) and the sweep's earlier jobs:
-    ("finished", run) skip it; ("alive", run) leave its live job alone; ("resume", run) submit it again into the
-    same run; ("new", None) a first run."""
+def _decide(runs: list, previous: dict[str, tuple[str, str]],
+            has_checkpoint: Callable[[str], bool]) -> tuple[str, Optional[str]]:
+    """What to do with a variant, given its runs (newest first) and the sweep's earlier jobs (run id -> job id,
+    state): ("finished", run) skip it; ("alive", run) leave its live job alone; ("resume", run) run it again into
+    the same run, from its checkpoint; ("new", None) a fresh run (an unfinished run without a checkpoint is not
+    continued: its steps would be logged twice)."""
     done = next((r for r in runs if r.info.status == "FINISHED"), None)
     if done is not None:
         return "finished", done.info.run_id
-    unfinished = next((r for r in runs if r.info.status != "FINISHED"), None)
-    if unfinished is None:
-        return "new", None
-    run_id = unfinished.info.run_id
-    return ("alive" if previous.get(run_id, ("", ""))[1] in ALIVE else "resume"), run_id
+    unfinished = [r.info.run_id for r in runs if r.info.status != "FINISHED"]
+    if unfinished and previous.get(unfinished[0], ("", ""))[1] in ALIVE:
+        return "alive", unfinished[0]
+    resumable = next((run_id for run_id in unfinished if has_checkpoint(run_id)), None)
+    return ("resume", resumable) if resumable else ("new", None)
+
+
+def _has_checkpoint(cfg: DictConfig) -> Callable[[str], bool]:
+    runs = Path(cfg.paths.runs)
+    return lambda run_id: (runs / run_id / "checkpoint.pt").exists()
 
 
 def _previous_jobs(folder: Path) -> dict[str, tuple[str, str]]:

@@ -108,7 +108,6 @@ class RunState:
     step: int = 0  # optimizer steps done
     gpu_hours: float = 0.0  # device-hours so far, across restarts
     flops: float = 0.0
-    resumed_from: Optional[int] = None  # the checkpoint's step when this process resumed the run
     diverged: bool = False
 
 
@@ -173,7 +172,6 @@ class Checkpoint:
         sampler.load_state_dict(payload["sampler"])
         if payload["generator"] is not None:
             generator.load_state_dict(payload["generator"])
-        state.resumed_from = state.step
         return True
 
 

@@ -143,3 +143,22 @@ def _reverse(value):
     if isinstance(value, dict):
         return {k: _reverse(value[k]) for k in reversed(list(value))}
     return value
+
+
+def test_what_a_re_sweep_does_with_each_variant():
+    from types import SimpleNamespace
+
+    from ablate.run import _decide
+
+    def run(run_id, status):
+        return SimpleNamespace(info=SimpleNamespace(run_id=run_id, status=status))
+
+    saved = {"b", "c"}.__contains__  # runs b and c left a checkpoint
+    assert _decide([run("a", "FAILED"), run("z", "FINISHED")], {}, saved) == ("finished", "z")
+    assert _decide([run("b", "RUNNING")], {"b": ("12_0", "RUNNING")}, saved) == ("alive", "b")
+    assert _decide([run("b", "RUNNING")], {"b": ("12_0", "CANCELLED")}, saved) == ("resume", "b")
+    # the newest unfinished run has no checkpoint: an older one that has is resumed
+    assert _decide([run("a", "FAILED"), run("c", "KILLED")], {}, saved) == ("resume", "c")
+    # no checkpoint at all: a fresh run (continuing one from step 0 would log its steps twice)
+    assert _decide([run("a", "FAILED")], {}, saved) == ("new", None)
+    assert _decide([], {}, saved) == ("new", None)
