@@ -1,0 +1,46 @@
+"""What every task gives the trainer and the generators.
+
+A task is built as `build(cfg.task, tokenizer=..., seed=...)`. It holds two splits, `train` and `val` (held out:
+no validation prompt is a training prompt), and scores a completion with an exact check of its final answer.
+Completions may think first: the final answer is the text after the last `</think>` (all of it when there is none).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+THINK_END = "</think>"
+
+
+@dataclass(frozen=True)
+class Problem:
+    prompt: str  # the text the model continues
+    answer: str  # the reference final answer
+
+
+def final_answer(completion: str) -> str:
+    """The text after the last `</think>` (the whole completion when the model did not think), stripped."""
+    return completion.rpartition(THINK_END)[2].strip()
+
+
+class Task:
+    """Base class: subclasses fill `self.splits` ({"train": [...], "val": [...]}) and may override `correct`."""
+
+    splits: dict[str, list[Problem]]
+
+    def __init__(self, tokenizer, **_: object):
+        self.tokenizer = tokenizer
+
+    def size(self, split: str) -> int:
+        return len(self.splits[split])
+
+    def problem(self, split: str, index: int) -> Problem:
+        return self.splits[split][index]
+
+    def correct(self, completion: str, problem: Problem) -> bool:
+        """Exact match of the final answer."""
+        return final_answer(completion) == problem.answer
+
+    def warm_start_example(self, index: int) -> tuple[str, str] | None:
+        """(prompt, completion) for the supervised warm start, or None for a task that has none."""
+        return None
