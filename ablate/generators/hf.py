@@ -1,0 +1,80 @@
+"""generator=hf: our own sampling engine (ablate/generators/engine.py) on a copy of the policy, driven by the
+pipeline (ablate/generators/pipeline.py), on CPU or one GPU. Validation samples the trainer's current policy.
+
+Compute: every device the job holds is busy for the whole wall-clock time of the run (the generator and the
+trainer share them), so each step adds devices x its wall-clock seconds: all visible GPUs, or 1 for the CPU.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from ablate.generators.engine import Engine, Limits, Sequence
+from ablate.generators.pipeline import Pipeline
+from ablate.registry import build
+from ablate.tasks.base import THINK_END
+
+
+def limits_for(cfg: DictConfig, tokenizer, length_control) -> Limits:
+    think_end = tokenizer.convert_tokens_to_ids(THINK_END)
+    phrase = length_control.phrase
+    return Limits(
+        max_think_tokens=int(cfg.generation.max_think_tokens), max_answer_tokens=int(cfg.generation.max_answer_tokens),
+        stop_ids=(tokenizer.eos_token_id,),
+        think_end_id=think_end if think_end != tokenizer.unk_token_id else None,
+        phrase_ids=tuple(tokenizer.encode(phrase, add_special_tokens=False)) if phrase else ())
+
+
+def head_dtype(cfg: DictConfig) -> torch.dtype:
+    """The precision option's head dtype when it applies to the generator side, else the model's dtype."""
+    return getattr(torch, cfg.precision.head_dtype if cfg.precision.generator_side else cfg.model.dtype)
+
+
+class HFGenerator(Pipeline):
+    def __init__(self, max_waves: int, concurrent: bool, val_wave_rows: int, *, cfg: DictConfig, task, sampler,
+                 policy: torch.nn.Module, **_: object):
+        self.cfg = cfg
+        length_control = build(cfg.length_control)
+        self.limits = limits_for(cfg, task.tokenizer, length_control)
+        self.engine_args = {"head_dtype": head_dtype(cfg), "temperature": float(cfg.generation.temperature),
+                            "pad_id": task.tokenizer.pad_token_id}
+        engine = Engine(copy.deepcopy(policy).eval(), self.limits, seed=cfg.seed, **self.engine_args)
+        super().__init__(engine, task, sampler, build(cfg.off_policy), length_control,
+                         prompts_per_step=int(cfg.batch.prompts_per_step),
+                         samples_per_prompt=int(cfg.batch.samples_per_prompt), max_waves=max_waves,
+                         max_think_tokens=int(cfg.generation.max_think_tokens), concurrent=concurrent, seed=cfg.seed)
+        self.val_wave_rows = val_wave_rows
+        self.devices = torch.cuda.device_count() if engine.device.type == "cuda" else 1
+
+    def describe(self) -> dict:
+        return {"generator.devices": self.devices}
+
+    def validate(self, compute: float, *, policy: torch.nn.Module, step: int) -> float:
+        """mean@k pass rate over the validation split: k = task.val_samples samples per prompt, sampled from the
+        trainer's current policy with the run's generation settings (seeded by the step: reproducible)."""
+        task, k = self.task, int(self.cfg.task.val_samples)
+        engine = Engine(policy, self.limits, seed=self.cfg.seed * 1_000_003 + step, **self.engine_args)
+        rng = np.random.default_rng([self.cfg.seed, step, 11])
+        rows = []
+        for index in range(task.size("val")):
+            ids = self.tok.encode(task.problem("val", index).prompt, add_special_tokens=False)
+            rows += [Sequence(index, 0, ids, self.length_control.think_budget(rng, self.max_think_tokens))
+                     for _ in range(k)]
+        was_training = policy.training
+        policy.eval()
+        queue = list(rows)
+        while queue or engine.running:
+            while queue and len(engine.waves) < self.max_waves:
+                engine.start(queue[:self.val_wave_rows])
+                del queue[:self.val_wave_rows]
+            engine.step()
+        policy.train(was_training)
+        passed = [not r.truncated and task.correct(self._text(r), task.problem("val", r.prompt_index)) for r in rows]
+        return float(np.mean(passed))
+
+    def step_gpu_hours(self, rollouts, wall_seconds: float) -> float:
+        return self.devices * wall_seconds / 3600.0

@@ -1,0 +1,219 @@
+"""The generation pipeline: prompts in, finished batches out, weights from the trainer in between.
+
+One engine (ours in torch, or vLLM) decodes; this driver decides when it may start the prompts of a batch and
+when it may take new weights, both by the off-policy option's rules (ablate/offpolicy.py), and hands the trainer
+batch s once its B prompts x G samples have all ended. Every prompt the sampler gives is started once, for one
+batch, and trained once: batches are assembled from the rows they were started for, never from a shared pool.
+
+Two ways to run the same rules:
+- concurrent (generation.concurrent=true): the engine decodes in its own thread while the trainer trains; weights
+  published after a step reach it at the first decode step after they arrive (wall-clock timing decides which).
+- deterministic (false): one thread; the trainer's `batch(s)` decodes until batch s is complete, and weights
+  published after step s are taken before the next decode step. The update points are fixed decode-step counts, so
+  the same seed and config give the same tokens, rewards and validation curve.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import torch
+
+from ablate.generators.engine import Engine, Sequence
+from ablate.rollouts import Rollouts
+
+
+class Pipeline:
+    def __init__(self, engine: Engine, task, sampler, off_policy, length_control, *, prompts_per_step: int,
+                 samples_per_prompt: int, max_waves: int, max_think_tokens: int, concurrent: bool, seed: int):
+        self.engine, self.task, self.sampler = engine, task, sampler
+        self.off_policy, self.length_control = off_policy, length_control
+        self.B, self.G, self.max_waves = prompts_per_step, samples_per_prompt, max_waves
+        self.max_think_tokens = max_think_tokens
+        self.tok = task.tokenizer
+        self.rng = np.random.default_rng([seed, 7])  # thinking budgets
+        self.lock = threading.Condition()
+        self.next_batch = 1  # the next batch whose prompts the engine would start
+        self.started: dict[int, list[int]] = {}  # batch -> its prompts (started, not yet trained)
+        self.ended: dict[int, list[Sequence]] = {}  # batch -> its rows that have ended
+        self.replay: list[tuple[int, list[int]]] = []  # started before a restart: start them again first
+        self.pending: tuple[dict, int] | None = None  # published weights not yet loaded
+        self.error: BaseException | None = None
+        self.stopping = False
+        self.generator_idle_s = self.trainer_wait_s = 0.0
+        self.clock_start = time.perf_counter()
+        self.thread: threading.Thread | None = None
+        if concurrent:
+            self.thread = threading.Thread(target=self._run, name="generator", daemon=True)
+
+    # ------------------------------------------------------------------------------------------- trainer side
+    def batch(self, step: int, compute: float = 0.0) -> Rollouts:
+        """Batch `step`: blocks until its rows have all ended, then hands them over (once)."""
+        if self.thread is not None and self.thread.ident is None:
+            self.thread.start()
+        waited = time.perf_counter()
+        with self.lock:
+            while not self._complete(step):
+                if isinstance(self.error, FloatingPointError):  # diverged weights: the trainer says so
+                    raise FloatingPointError(str(self.error)) from self.error
+                if self.error is not None:
+                    raise RuntimeError("the generator failed") from self.error
+                if self.thread is None:
+                    self._advance()
+                else:
+                    self.lock.wait(timeout=1.0)
+            rows = self.ended.pop(step)
+            prompts = self.started.pop(step)
+        self.trainer_wait_s += time.perf_counter() - waited
+        return self._rollouts(prompts, rows)
+
+    def publish(self, policy: torch.nn.Module, version: int) -> None:
+        """The weights after optimizer step `version`; the engine takes them between two decode steps."""
+        state = policy.state_dict()
+        if self.thread is not None:  # the trainer goes on changing its tensors meanwhile
+            state = {name: tensor.detach().clone() for name, tensor in state.items()}
+        with self.lock:
+            self.pending = (state, version)
+            self.lock.notify_all()
+
+    def reset_weights(self, policy: torch.nn.Module, version: int) -> None:
+        """Load these weights now, whatever the rules (a resumed run starts from its checkpoint's policy). Before the
+        first batch only: the generator thread is not running yet."""
+        assert self.thread is None or self.thread.ident is None, "reset_weights after the generator started"
+        with self.lock:
+            self.engine.load(policy.state_dict(), version)
+            if not self.replay:  # nothing was started ahead: go on from the next step
+                self.next_batch = version + 1
+
+    def perf(self) -> dict:
+        wall = max(time.perf_counter() - self.clock_start, 1e-9)
+        return {"perf/generator_idle_frac": self.generator_idle_s / wall,
+                "perf/trainer_wait_frac": self.trainer_wait_s / wall}
+
+    def close(self) -> None:
+        with self.lock:
+            self.stopping = True
+            self.lock.notify_all()
+        if self.thread is not None and self.thread.is_alive():
+            self.thread.join(timeout=60)
+
+    def state_dict(self) -> dict:
+        """Prompts started and not trained yet (they are started again after a restart), and the random streams."""
+        with self.lock:
+            return {"started": sorted(self.started.items()), "rng": self.rng.bit_generator.state,
+                    "engine_rng": self.engine.rng.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.replay = [(batch, list(prompts)) for batch, prompts in state["started"]]
+        if self.replay:
+            self.next_batch = self.replay[0][0]
+        self.rng.bit_generator.state = state["rng"]
+        self.engine.rng.set_state(state["engine_rng"])
+
+    # ---------------------------------------------------------------------------------------- generator side
+    def _run(self) -> None:
+        try:
+            while True:
+                with self.lock:
+                    if self.stopping:
+                        return
+                    self._load_and_start()
+                    if not self.engine.running:  # held back by the off-policy rule: wait for new weights
+                        idle = time.perf_counter()
+                        self.lock.wait(timeout=1.0)
+                        self.generator_idle_s += time.perf_counter() - idle
+                        continue
+                ended = self.engine.step()
+                with self.lock:
+                    self._collect(ended)
+                    if ended:
+                        self.lock.notify_all()
+        except BaseException as err:  # noqa: BLE001 - handed to the trainer at its next batch()
+            with self.lock:
+                self.error = err
+                self.lock.notify_all()
+
+    def _advance(self) -> None:
+        """Deterministic mode: one decode step (after taking weights and starting prompts, as the rules allow)."""
+        self._load_and_start()
+        if not self.engine.running:
+            raise RuntimeError(f"the generator cannot start batch {self.next_batch} with weights of version "
+                               f"{self.engine.version}: the off-policy rule holds it back, and nothing is running")
+        self._collect(self.engine.step())
+
+    def _load_and_start(self) -> None:
+        if self.pending is not None:
+            state, version = self.pending
+            if (self.off_policy.in_flight or not self.engine.running) and \
+                    self.off_policy.may_load(version, self.next_batch):
+                self.engine.load(state, version)
+                self.pending = None
+        # At most one new wave per decode step, as continuous batching admits requests: waves stay staggered, so
+        # new weights land in the middle of the others' rows.
+        if len(self.engine.waves) < self.max_waves and self.off_policy.may_start(self.next_batch, self.engine.version):
+            self._start(self.next_batch)
+            self.next_batch += 1
+
+    def _start(self, batch: int) -> None:
+        if self.replay and self.replay[0][0] == batch:
+            prompts = self.replay.pop(0)[1]
+        else:
+            prompts = self.sampler.next(self.B)
+        self.started[batch] = prompts
+        self.ended[batch] = []
+        rows = []
+        for index in prompts:
+            ids = self.tok.encode(self.task.problem("train", index).prompt, add_special_tokens=False)
+            for _ in range(self.G):
+                budget = self.length_control.think_budget(self.rng, self.max_think_tokens)
+                rows.append(Sequence(prompt_index=index, batch=batch, prompt_ids=ids, think_budget=budget))
+        self.engine.start(rows)
+
+    def _collect(self, ended: list[Sequence]) -> None:
+        for row in ended:
+            self.ended[row.batch].append(row)
+
+    def _complete(self, step: int) -> bool:
+        return step in self.ended and len(self.ended[step]) == self.B * self.G
+
+    # ------------------------------------------------------------------------------------------------ rollouts
+    def _rollouts(self, prompts: list[int], rows: list[Sequence]) -> Rollouts:
+        order = {index: position for position, index in enumerate(prompts)}
+        rows = sorted(rows, key=lambda r: order[r.prompt_index])  # stable: a prompt's G samples stay in order
+        correct = torch.tensor([not r.truncated and self.task.correct(self._text(r), self.task.problem(
+            "train", r.prompt_index)) for r in rows])
+        return assemble(rows, correct, group=[order[r.prompt_index] for r in rows], pad_id=self.tok.pad_token_id)
+
+    def _text(self, row: Sequence) -> str:
+        ids = row.tokens[:-1] if row.tokens and row.tokens[-1] in self.engine.limits.stop_ids else row.tokens
+        return self.tok.decode(ids, skip_special_tokens=False)
+
+
+def assemble(rows: list[Sequence], correct: torch.Tensor, group: list[int], pad_id: int) -> Rollouts:
+    """Rows -> padded tensors: prompts left-padded, completions right-padded."""
+    N = len(rows)
+    Tp = max(len(r.prompt_ids) for r in rows)
+    T = max(max(len(r.tokens) for r in rows), 1)
+    prompt_tokens = torch.full((N, Tp), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((N, Tp), dtype=torch.bool)
+    tokens = torch.full((N, T), pad_id, dtype=torch.long)
+    mask = torch.zeros((N, T), dtype=torch.bool)
+    logprobs = torch.zeros((N, T))
+    versions = torch.zeros((N, T), dtype=torch.long)
+    for i, r in enumerate(rows):
+        n = len(r.tokens)
+        prompt_tokens[i, Tp - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+        prompt_mask[i, Tp - len(r.prompt_ids):] = True
+        if n:
+            tokens[i, :n] = torch.tensor(r.tokens)
+            mask[i, :n] = torch.tensor(r.sampled)
+            logprobs[i, :n] = torch.tensor(r.logprobs)
+            versions[i, :n] = torch.tensor(r.versions)
+            versions[i, n:] = r.versions[-1]
+    return Rollouts(
+        prompt_ids=torch.tensor([r.prompt_index for r in rows]), group=torch.tensor(group),
+        prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens, mask=mask, gen_logprobs=logprobs,
+        versions=versions, lengths=torch.tensor([len(r.tokens) for r in rows]),
+        rewards=correct.float(), correct=correct, truncated=torch.tensor([r.truncated for r in rows]))

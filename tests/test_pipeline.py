@@ -1,0 +1,123 @@
+"""The pipeline's off-policy rules (DESIGN.md, Semantics pinned): k at its boundaries, versions changing inside a
+sequence, every prompt trained exactly once, the deterministic schedule, and a restart's replay."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ablate.config import compose
+from ablate.policy import build_policy, build_tokenizer
+from ablate.registry import build
+from ablate.trainer import PromptSampler
+
+SMALL = ["generator.max_waves=3", "batch.prompts_per_step=2", "batch.samples_per_prompt=2",
+         "generation.max_think_tokens=6", "generation.max_answer_tokens=3", "task.n_train_prompts=64",
+         "task.n_val_prompts=8", "length_control=truncation"]
+
+
+def _setup(*overrides):
+    cfg = compose([*SMALL, *overrides])
+    tok = build_tokenizer(cfg.model)
+    task = build(cfg.task, tokenizer=tok, seed=cfg.seed)
+    policy = build_policy(cfg.model, cfg.seed, tok)  # random weights: long rambling rows, mostly cut at 9 tokens
+    sampler = PromptSampler(task.size("train"), cfg.seed, build(cfg.filtering))
+    drawn = []
+    draw = sampler.next
+    sampler.next = lambda count: drawn.extend(draw(count)) or drawn[-count:]
+    return cfg, policy, build(cfg.generator, cfg=cfg, task=task, sampler=sampler, policy=policy), drawn
+
+
+def _train(generator, policy, steps):
+    """What the trainer does around the generator: take batch s, change the weights, publish version s."""
+    batches = []
+    for step in range(1, steps + 1):
+        batches.append(generator.batch(step))
+        with torch.no_grad():
+            for p in policy.parameters():
+                p.add_(0.01 * torch.randn_like(p))
+        generator.publish(policy, step)
+    generator.close()
+    return batches
+
+
+@pytest.mark.parametrize("concurrent", [False, True])
+@pytest.mark.parametrize("k", [1, 2])
+def test_pipeline_rl_k_bounds_staleness_at_exactly_k(k, concurrent):
+    _, policy, generator, _ = _setup("off_policy=pipeline_rl", f"off_policy.k={k}", f"generator.concurrent={concurrent}")
+    worst = 0
+    for step, ro in enumerate(_train(generator, policy, 12), start=1):
+        versions = ro.versions[ro.mask]
+        assert versions.max() <= step - 1  # never a version the trainer has not made
+        assert versions.min() >= step - 1 - k, f"step {step}: a token {step - 1 - versions.min()} steps old"
+        worst = max(worst, int(step - 1 - versions.min()))
+    if not concurrent:  # the deterministic schedule runs as far ahead as the rule lets it
+        assert worst == k
+
+
+def test_token_versions_change_inside_one_sequence_under_pipeline_rl():
+    _, policy, generator, _ = _setup("off_policy=pipeline_rl", "off_policy.k=4")
+    spans = [len(set(ro.versions[i][ro.mask[i]].tolist())) for ro in _train(generator, policy, 8)
+             for i in range(ro.n)]
+    assert max(spans) >= 2
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_ppo_off_policy_k_generates_each_round_with_frozen_weights(k):
+    _, policy, generator, _ = _setup("off_policy=ppo_off_policy", f"off_policy.k={k}")
+    for step, ro in enumerate(_train(generator, policy, 9), start=1):
+        round_start = (step - 1) - (step - 1) % k
+        assert set(ro.versions[ro.mask].tolist()) == {round_start}, f"step {step}"
+
+
+@pytest.mark.parametrize("mode", ["off_policy=pipeline_rl", "off_policy=ppo_off_policy"])
+@pytest.mark.parametrize("concurrent", [False, True])
+def test_every_prompt_drawn_is_trained_once_and_none_is_lost(mode, concurrent):
+    cfg, policy, generator, drawn = _setup(mode, "off_policy.k=2", f"generator.concurrent={concurrent}")
+    batches = _train(generator, policy, 10)
+    trained = [pid for ro in batches for pid in ro.prompt_ids[:: cfg.batch.samples_per_prompt].tolist()]
+    in_flight = [pid for batch in sorted(generator.started) for pid in generator.started[batch]]
+    assert trained + in_flight == drawn  # in order, each once: trained, or started and still to be trained
+    for ro in batches:
+        G = cfg.batch.samples_per_prompt
+        assert ro.n == cfg.batch.prompts_per_step * G
+        assert (ro.prompt_ids.view(-1, G) == ro.prompt_ids.view(-1, G)[:, :1]).all()  # a group is one prompt
+        assert ro.group.tolist() == [g for g in range(cfg.batch.prompts_per_step) for _ in range(G)]
+
+
+def test_the_deterministic_schedule_reproduces_every_token():
+    runs = []
+    for _ in range(2):
+        _, policy, generator, _ = _setup("off_policy=pipeline_rl", "off_policy.k=2")
+        runs.append(_train(generator, policy, 6))
+    for a, b in zip(*runs):
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.versions, b.versions)
+        assert torch.equal(a.gen_logprobs, b.gen_logprobs)
+
+
+def test_a_restart_starts_the_prompts_it_had_not_trained_yet_first():
+    cfg, policy, generator, drawn = _setup("off_policy=pipeline_rl", "off_policy.k=2")
+    _train(generator, policy, 3)
+    pending = dict(generator.started)
+    assert pending  # batches 4.. were started when the run stopped
+    state = generator.state_dict()
+    _, policy2, fresh, _ = _setup("off_policy=pipeline_rl", "off_policy.k=2")
+    fresh.load_state_dict(state)
+    fresh.reset_weights(policy, 3)
+    nxt = fresh.batch(4)
+    assert nxt.prompt_ids[:: cfg.batch.samples_per_prompt].tolist() == pending[4]
+    assert set(nxt.versions[nxt.mask].tolist()) >= {3}
+    fresh.close()
+
+
+def test_a_restart_with_nothing_started_ahead_goes_on_at_the_next_step():
+    _, policy, generator, _ = _setup("off_policy=ppo_off_policy", "off_policy.k=1")  # never starts ahead
+    _train(generator, policy, 3)
+    assert not generator.started
+    _, _, fresh, _ = _setup("off_policy=ppo_off_policy", "off_policy.k=1")
+    fresh.load_state_dict(generator.state_dict())
+    fresh.reset_weights(policy, 3)
+    ro = fresh.batch(4)
+    assert set(ro.versions[ro.mask].tolist()) == {3}
+    assert min([*fresh.started, *fresh.ended], default=5) >= 5  # no batch before 4 was generated again
+    fresh.close()
