@@ -7,34 +7,60 @@ are never built whole. Models whose logits get more than the head (Gemma's final
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from omegaconf import DictConfig
 
 
-def build_policy(model: DictConfig, seed: int = 0) -> torch.nn.Module:
-    """model.path set: load it (a local folder or a hub name). Unset: a tiny Llama with random weights."""
+def build_tokenizer(model: DictConfig):
+    """model.path set: its tokenizer. Unset: the word-level tokenizer made in code (ablate/tasks/tokenizer.py)."""
+    if model.path:
+        import transformers
+
+        tokenizer = transformers.AutoTokenizer.from_pretrained(model.path)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        return tokenizer
+    from ablate.tasks.tokenizer import build_tokenizer as code_tokenizer
+
+    return code_tokenizer()
+
+
+def device_of(model: DictConfig) -> torch.device:
+    if model.get("device", "auto") == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(model.device)
+
+
+def build_policy(model: DictConfig, seed: int = 0, tokenizer=None) -> torch.nn.Module:
+    """model.path set: load it (a local folder or a hub name). Unset: a tiny Llama with random weights, its
+    vocabulary model.vocab_size or (0) the tokenizer's. On model.device."""
     import transformers
 
     dtype = getattr(torch, model.dtype)
     if model.path:
-        return transformers.AutoModelForCausalLM.from_pretrained(model.path, dtype=dtype)
+        return transformers.AutoModelForCausalLM.from_pretrained(model.path, dtype=dtype).to(device_of(model))
+    vocab = model.vocab_size or len(tokenizer if tokenizer is not None else build_tokenizer(model))
+    if tokenizer is not None and vocab < len(tokenizer):
+        raise ValueError(f"model.vocab_size={vocab} is smaller than the tokenizer's {len(tokenizer)} tokens")
     config = transformers.LlamaConfig(
-        vocab_size=model.vocab_size, hidden_size=model.hidden_size, intermediate_size=4 * model.hidden_size,
+        vocab_size=vocab, hidden_size=model.hidden_size, intermediate_size=4 * model.hidden_size,
         num_hidden_layers=model.num_layers, num_attention_heads=model.num_heads, num_key_value_heads=model.num_heads,
         max_position_embeddings=4096, tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
-    return transformers.LlamaForCausalLM(config).to(dtype)
+    return transformers.LlamaForCausalLM(config).to(dtype=dtype, device=device_of(model))
 
 
 def completion_logprobs(model: torch.nn.Module, prompt_tokens: torch.Tensor, prompt_mask: torch.Tensor,
-                        tokens: torch.Tensor, lengths: torch.Tensor, head: Callable) -> torch.Tensor:
+                        tokens: torch.Tensor, lengths: torch.Tensor, head: Callable,
+                        temperature: float = 1.0) -> torch.Tensor:
     """log pi(tokens[i, t] | prompt_i, tokens[i, :t]) for t < lengths[i]; [N, T] float32 (0 past the length).
 
     prompt_tokens [N, P] left-padded (prompt_mask marks the real ones); tokens [N, T] right-padded to `lengths`.
     Injected tokens are part of the context like any other; the loss mask keeps them out of the loss.
+    With a sampling temperature, the log-probs are those of the tempered distribution the generator sampled from.
     """
     N, P = prompt_tokens.shape
     T = tokens.shape[1]
@@ -45,5 +71,9 @@ def completion_logprobs(model: torch.nn.Module, prompt_tokens: torch.Tensor, pro
                                  position_ids=positions).last_hidden_state
     predicting = hidden[:, P - 1:P - 1 + T]  # the state at position p predicts the token at p + 1
     lm_head = model.get_output_embeddings()
-    logp = head(predicting, lm_head.weight, tokens, bias=lm_head.bias)
+    bias = lm_head.bias
+    if temperature != 1.0:  # logits / t == (hidden / t) @ W.T + bias / t
+        predicting = predicting / temperature
+        bias = bias / temperature if bias is not None else None
+    logp = head(predicting, lm_head.weight, tokens, bias=bias)
     return torch.where(inside, logp, torch.zeros_like(logp))

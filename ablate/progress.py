@@ -11,6 +11,11 @@ import time
 from typing import Optional, TextIO
 
 
+def hours(value: float) -> str:
+    """Device-hours readable at both scales: 16,000 on a cluster, 0.00944 for a tiny run on a laptop."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def _bar(done: int, total: int, width: int = 24) -> str:
     filled = int(width * done / max(total, 1))
     return "#" * filled + "." * (width - filled)
@@ -36,7 +41,7 @@ class StepBar:
         val = f"val {self.val:.3f}" if self.val is not None else "val  -   "
         elapsed = int(now - self.started)
         line = (f"{self.name} [{_bar(step, total)}] {step}/{total}  {val}  "
-                f"{metrics.get('compute/gpu_hours', 0):,.0f} GPU-h  {elapsed // 60:02d}:{elapsed % 60:02d}")
+                f"{hours(metrics.get('compute/gpu_hours', 0))} GPU-h  {elapsed // 60:02d}:{elapsed % 60:02d}")
         if self.tty:
             self.stream.write("\r" + line + ("\n" if step >= total else ""))
         else:
@@ -69,7 +74,7 @@ class SweepDisplay:
                     state = run.info.status
                 metrics = {m.key: m for m in run.data._metric_objs}
                 if "compute/gpu_hours" in metrics:
-                    step, gpu = str(metrics["compute/gpu_hours"].step), f"{metrics['compute/gpu_hours'].value:,.0f}"
+                    step, gpu = str(metrics["compute/gpu_hours"].step), hours(metrics['compute/gpu_hours'].value)
                 if "val/pass_rate" in metrics:
                     val = f"{metrics['val/pass_rate'].value:.3f}"
             out.append(f"{it.spec.name:<14} {state:<10} {step:>11}  {val:>6}  {gpu:>9}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -27,3 +27,6 @@ class Rollouts:
     @property
     def n(self) -> int:
         return int(self.tokens.shape[0])
+
+    def to(self, device: torch.device) -> Rollouts:
+        return Rollouts(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})

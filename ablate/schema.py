@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -108,27 +108,61 @@ class Filtering(Option):
 @dataclass
 class Model:
     name: str = MISSING
-    path: Optional[str] = None  # local path or hub name; None builds the tiny model from the fields below
-    vocab_size: int = 512
+    path: str | None = None  # local path or hub name; None builds the tiny model from the fields below
+    vocab_size: int = 0  # the tiny model's vocabulary: 0 = the tokenizer's size
     hidden_size: int = 64
     num_layers: int = 2
     num_heads: int = 4
     dtype: str = "bfloat16"
+    device: str = "auto"  # cuda when there is one, else cpu; or any torch device
 
 
 @dataclass
 class Task:
     name: str = MISSING
+    _target_: str = MISSING
     n_train_prompts: int = 52000  # paper: Polaris-53K less 1,000 held out
     n_val_prompts: int = 1000  # held out
     val_samples: int = 16  # mean@k
-    data_path: Optional[str] = None
+    data_path: str | None = None
+    warm_start_steps: int = 0  # supervised steps on the task's warm-start examples before RL (0: none)
+    warm_start_lr: float = 1e-3
+    warm_start_batch: int = 32
+
+
+@dataclass
+class SyntheticTask(Task):
+    ops: list[str] = field(default_factory=lambda: ["reverse"])  # reverse | sort | sum (ablate/tasks/synthetic.py)
+    min_digits: int = 3
+    max_digits: int = 8
+    teacher_accuracy: float = 1.0  # the warm start's teacher answers right this often, else a near miss
+    task_seed: int = 1234  # the problems: the same for every run whatever its seed
+
+
+@dataclass
+class MathTask(Task):
+    # The prompt: {problem} is replaced; every other brace doubled. Ends in <think> so a reasoning model thinks first.
+    prompt_template: str = ("Solve the following math problem. Think it through step by step, then write only the "
+                            "final answer, as \\boxed{{answer}}.\n\nProblem: {problem}\n<think>\n")
+    task_seed: int = 1234  # the held-out split
 
 
 @dataclass
 class Generator:
     name: str = MISSING
     _target_: str = MISSING
+
+
+@dataclass
+class HFGenerator(Generator):
+    max_waves: int = 2  # waves of B x G rows decoding at once (ablate/generators/engine.py)
+    concurrent: bool = False  # generation in its own thread; false = the deterministic, reproducible schedule
+    val_wave_rows: int = 512  # validation rows per wave
+
+
+@dataclass
+class VLLMGenerator(HFGenerator):
+    gpu_memory_utilization: float = 0.5  # vLLM's share of the GPU; the trainer shares it
 
 
 @dataclass
@@ -150,7 +184,7 @@ class Effect:
 class MockGenerator(Generator):
     truth: Truth = field(default_factory=Truth)
     # "path=choice" (an override as typed on the command line) -> its effect on the truth, applied when it matches
-    effects: Dict[str, Effect] = field(default_factory=dict)
+    effects: dict[str, Effect] = field(default_factory=dict)
     gpu_hours: float = 16000.0  # compute after train.steps steps at the reference length (paper: a LOO run's 16k)
     reference_length_frac: float = 0.5  # mean completion length / max length at which `gpu_hours` holds
     val_prompts: int = 1000  # the simulated validation set (paper: 1,000 held-out prompts, mean@16)
@@ -180,7 +214,7 @@ class Optim:
     lr: float = 5e-7
     eps: float = 1e-15
     weight_decay: float = 0.01
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     warmup_steps: int = 100
 
 
@@ -205,6 +239,7 @@ class Cluster(str, Enum):
 class Paths:
     outputs: str = "outputs/${name}"  # everything a study writes here: jobs, runs, reports
     runs: str = "${paths.outputs}/runs"  # one folder per MLflow run id: its checkpoint, metrics a dead store refused
+    cache: str = "${paths.outputs}/cache"  # shared by a study's runs: the warm-started weights
 
 
 @dataclass
@@ -215,17 +250,17 @@ class Launcher:
     timeout_min: int = 60 * 24
     gpus_per_node: int = 0
     cpus_per_task: int = 1
-    mem_gb: Optional[int] = None
+    mem_gb: int | None = None
     nodes: int = 1
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
-    constraint: Optional[str] = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
     array_parallelism: int = 64
     signal_delay_s: int = 120  # SLURM sends USR2 this long before the time limit: checkpoint, then requeue
     max_requeues: int = 20  # time limits and preemptions a job may survive
-    setup: List[str] = field(default_factory=list)  # shell lines run before the job (module load, conda activate)
-    additional: Dict[str, Any] = field(default_factory=dict)  # extra sbatch options
+    setup: list[str] = field(default_factory=list)  # shell lines run before the job (module load, conda activate)
+    additional: dict[str, Any] = field(default_factory=dict)  # extra sbatch options
     max_parallel_local: int = 0  # local cluster: worker processes, each running its share of jobs (0 = cores)
     watch: bool = True  # local cluster: wait with a progress display, then make the report
 
@@ -245,7 +280,7 @@ class Sweep:
     emit: str = MISSING  # the function that emits the variants (ablate.sweeps)
     dry_run: bool = False  # print the variants and submit nothing
     force: bool = False  # run variants again even when a FINISHED run with the same signature exists
-    recipes: List[str] = field(default_factory=list)  # for sweep=recipes
+    recipes: list[str] = field(default_factory=list)  # for sweep=recipes
     report: bool = True  # a local sweep ends by making the report
 
 
@@ -282,7 +317,7 @@ class AblateConfig:
     launcher: Launcher = MISSING
     tracking: Tracking = MISSING
     sweep: Sweep = MISSING
-    axes: List[Axis] = field(default_factory=list)
+    axes: list[Axis] = field(default_factory=list)
 
 
 # Keys that describe how and where a run happens, not what it computes: left out of the signature.
@@ -297,8 +332,8 @@ SCHEMAS = {
     "off_policy": {"option": OffPolicy},
     "filtering": {"option": Filtering},
     "model": {"option": Model},
-    "task": {"option": Task},
-    "generator": {"mock": MockGenerator, "option": Generator},
+    "task": {"synthetic": SyntheticTask, "math": MathTask, "option": Task},
+    "generator": {"mock": MockGenerator, "hf": HFGenerator, "vllm": VLLMGenerator, "option": Generator},
     "launcher": {"option": Launcher},
     "tracking": {"option": Tracking},
     "sweep": {"option": Sweep},

@@ -11,20 +11,23 @@ import logging
 import math
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
 
 import numpy as np
 import torch
+from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from ablate.config import flatten
-from ablate.policy import build_policy, completion_logprobs
+from ablate.policy import build_policy, build_tokenizer, completion_logprobs
 from ablate.registry import build
 from ablate.rl.aggregation import token_weights
 from ablate.rollouts import Rollouts
+from ablate.tasks.warm_start import cached_warm_start
 from ablate.tracking import RunLogger
 
 log = logging.getLogger(__name__)
@@ -40,19 +43,24 @@ class Learner:
     the whole batch's gradient exactly.
     """
 
-    def __init__(self, cfg: DictConfig):
-        self.policy = build_policy(cfg.model, cfg.seed)
+    def __init__(self, cfg: DictConfig, policy: torch.nn.Module | None = None):
+        self.policy = policy if policy is not None else build_policy(cfg.model, cfg.seed)
+        self.policy.train()
         self.normalize, self.loss = build(cfg.normalization), build(cfg.loss)
         self.aggregate, self.head = build(cfg.aggregation), build(cfg.precision)
         self.micro_batch = cfg.train.micro_batch_size
+        self.temperature = float(cfg.generation.temperature)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.optim.lr, eps=cfg.optim.eps,
                                            betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay)
         warmup = max(cfg.optim.warmup_steps, 1)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
 
     def step(self, ro: Rollouts, rewards: torch.Tensor, keep: torch.Tensor) -> dict:
+        device = next(self.policy.parameters()).device
+        ro = ro.to(device)
+        rewards, keep = rewards.to(device), keep.to(device)
         mask = ro.mask & keep[:, None]  # filtered prompts leave the loss
-        adv = torch.zeros(ro.n)
+        adv = torch.zeros(ro.n, device=device)
         if keep.any():
             adv[keep] = self.normalize(rewards[keep], ro.group[keep])
         weights = token_weights(self.aggregate, mask, ro.group)
@@ -62,7 +70,7 @@ class Learner:
             if not mask[rows].any():
                 continue
             logp = completion_logprobs(self.policy, ro.prompt_tokens[rows], ro.prompt_mask[rows], ro.tokens[rows],
-                                       ro.lengths[rows], self.head)
+                                       ro.lengths[rows], self.head, temperature=self.temperature)
             part = (self.loss(logp, ro.gen_logprobs[rows], adv[rows], mask[rows]) * weights[rows]).sum()
             part.backward()
             total += part.item()
@@ -77,25 +85,34 @@ class Learner:
 
 
 class PromptSampler:
-    """Epochs over the task's training prompts in a seeded random order, skipping prompts the filter retired."""
+    """Epochs over the task's training prompts in a seeded random order, skipping prompts the filter retired.
+    Thread-safe: a concurrent generator draws prompts while the trainer records pass rates."""
 
     def __init__(self, n_prompts: int, seed: int, prompt_filter):
         self.n, self.filter = n_prompts, prompt_filter
         self.rng = np.random.default_rng(seed)
         self.epoch: list[int] = []
+        self.lock = threading.Lock()
 
     def next(self, count: int) -> list[int]:
         batch: list[int] = []
-        while len(batch) < count:
-            if not self.epoch:
-                self.epoch = self.filter.sampleable(self.rng.permutation(self.n).tolist())
+        with self.lock:
+            while len(batch) < count:
                 if not self.epoch:
-                    raise RuntimeError("No-Positive-Resampling retired every training prompt: nothing left to train on")
-            batch.append(self.epoch.pop())
+                    self.epoch = self.filter.sampleable(self.rng.permutation(self.n).tolist())
+                    if not self.epoch:
+                        raise RuntimeError("No-Positive-Resampling retired every training prompt: nothing left")
+                batch.append(self.epoch.pop())
         return batch
 
+    def observe(self, prompt_ids: torch.Tensor, correct: torch.Tensor) -> None:
+        with self.lock:
+            self.filter.observe(prompt_ids, correct)
+
     def state_dict(self) -> dict:
-        return {"rng": self.rng.bit_generator.state, "epoch": list(self.epoch), "filter": self.filter.state_dict()}
+        with self.lock:
+            return {"rng": self.rng.bit_generator.state, "epoch": list(self.epoch),
+                    "filter": self.filter.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.rng.bit_generator.state = state["rng"]
@@ -150,7 +167,7 @@ class Checkpoint:
             "state": vars(state).copy(), "policy": learner.policy.state_dict(),
             "optimizer": learner.optimizer.state_dict(), "scheduler": learner.scheduler.state_dict(),
             "torch_rng": torch.get_rng_state(), "sampler": sampler.state_dict(),
-            "generator": generator.state_dict() if hasattr(generator, "state_dict") else None,
+            "generator": generator.state_dict(),
         }
         tmp = self.path.with_suffix(".tmp")
         torch.save(payload, tmp)
@@ -170,12 +187,11 @@ class Checkpoint:
         learner.scheduler.load_state_dict(payload["scheduler"])
         torch.set_rng_state(payload["torch_rng"])
         sampler.load_state_dict(payload["sampler"])
-        if payload["generator"] is not None:
-            generator.load_state_dict(payload["generator"])
+        generator.load_state_dict(payload["generator"])
         return True
 
 
-def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Optional[Progress] = None) -> RunState:
+def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress | None = None) -> RunState:
     """Run one variant to the end, logging to the MLflow run `run_id`; resume it from its checkpoint if it has one.
 
     Returns the final state. A non-finite loss ends the run cleanly: tag ablate.diverged=true, status FAILED.
@@ -187,10 +203,18 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Optional
     if tracker.client.get_run(run_id).info.status == "FINISHED":  # e.g. requeued just as it finished: done already
         print(f"run {run_id} is already FINISHED: nothing to do", file=sys.stderr, flush=True)
         return RunState(step=cfg.train.steps)
-    generator = build(cfg.generator, cfg=cfg)
+    tokenizer = build_tokenizer(cfg.model)
+    task = build(cfg.task, tokenizer=tokenizer, seed=cfg.seed)
+    policy = build_policy(cfg.model, cfg.seed, tokenizer)
+    samples_policy = getattr(get_object(cfg.generator._target_), "samples_policy", True)  # not the mock
+    if cfg.task.warm_start_steps > 0 and samples_policy:  # the same warm-started weights for every variant
+        key = {"model": OmegaConf.to_container(cfg.model), "task": OmegaConf.to_container(cfg.task)}
+        cached_warm_start(policy, task, Path(cfg.paths.cache), key, steps=cfg.task.warm_start_steps,
+                          lr=cfg.task.warm_start_lr, batch_size=cfg.task.warm_start_batch, seed=cfg.seed)
     prompt_filter, length_control = build(cfg.filtering), build(cfg.length_control)
-    learner = Learner(cfg)
-    sampler = PromptSampler(cfg.task.n_train_prompts, cfg.seed, prompt_filter)
+    learner = Learner(cfg, policy)
+    sampler = PromptSampler(task.size("train"), cfg.seed, prompt_filter)
+    generator = build(cfg.generator, cfg=cfg, task=task, sampler=sampler, policy=learner.policy)
     checkpoint = Checkpoint(folder)
     state = RunState()
     if checkpoint.load(state, learner, sampler, generator):
@@ -198,11 +222,12 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Optional
         # device-hours it spent after the checkpoint still count.
         last = tracker.resume()
         state.gpu_hours = max(state.gpu_hours, last.get("compute/gpu_hours", 0.0))
+        generator.reset_weights(learner.policy, state.step)
         tracker.set_tags({"ablate.resumed_from": str(state.step)})
         print(f"run {run_id} resumes from its step-{state.step} checkpoint", file=sys.stderr, flush=True)
     else:
         params = flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
-        tracker.log_params({**params, **getattr(generator, "describe", dict)()})
+        tracker.log_params({**params, **generator.describe()})
     tracker.client.update_run(run_id, status="RUNNING")
     notice = PreemptionNotice()
     n_params = sum(p.numel() for p in learner.policy.parameters())
@@ -211,24 +236,25 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Optional
     try:
         # ---- train
         if state.step == 0:
-            tracker.log_metrics({"val/pass_rate": generator.validate(0.0), "compute/gpu_hours": 0.0,
-                                 "compute/flops": 0.0}, step=0)
+            pass_rate = generator.validate(0.0, policy=learner.policy, step=0)
+            tracker.log_metrics({"val/pass_rate": pass_rate, "compute/gpu_hours": 0.0, "compute/flops": 0.0}, step=0)
+        tick = time.perf_counter()  # device time runs from here: every second of the job counts, waits included
         for step in range(state.step + 1, cfg.train.steps + 1):
-            started = time.perf_counter()
-            prompts = sampler.next(cfg.batch.prompts_per_step)
-            rollouts = generator.rollouts(prompts, step - 1, state.gpu_hours)
-            rewards = rollouts.rewards + length_control.reward_shaping(rollouts.lengths, l_max)
-            keep = prompt_filter.keep(rewards, rollouts.group)
-            prompt_filter.observe(rollouts.prompt_ids, rollouts.correct)
             try:
+                rollouts = generator.batch(step, state.gpu_hours)
+                rewards = rollouts.rewards + length_control.reward_shaping(rollouts.lengths, l_max)
+                keep = prompt_filter.keep(rewards, rollouts.group)
+                sampler.observe(rollouts.prompt_ids, rollouts.correct)
                 update = learner.step(rollouts, rewards, keep)
-            except FloatingPointError as err:
+            except FloatingPointError as err:  # a non-finite loss, or logits of weights that went non-finite
                 state.diverged = True
                 tracker.set_tags({"ablate.diverged": "true", "ablate.diverged_step": str(step)})
                 tracker.log_metrics({"train/diverged": 1.0}, step=step)
                 log.warning("run %s diverged at step %d: %s", run_id, step, err)
                 break
-            wall = time.perf_counter() - started
+            generator.publish(learner.policy, step)
+            now = time.perf_counter()
+            wall, tick = now - tick, now
             state.step = step
             state.gpu_hours += generator.step_gpu_hours(rollouts, wall)
             state.flops += _step_flops(n_params, rollouts)
@@ -236,15 +262,18 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Optional
                 "compute/gpu_hours": state.gpu_hours,
                 "compute/flops": state.flops,
                 "train/reward_mean": float(rewards.mean()),
+                "train/pass_rate": float(rollouts.correct.float().mean()),
                 "train/truncation_rate": float(rollouts.truncated.float().mean()),
                 "train/zero_variance_frac": 1.0 - float(keep.float().mean()),
                 "train/npr_dropped": float(len(prompt_filter.retired())),
+                "train/completion_tokens": float(rollouts.lengths.float().mean()),
                 **update,
                 **_staleness(rollouts, step - 1),
                 "perf/tokens_per_s": float(rollouts.mask.sum()) / max(wall, 1e-9),
+                **generator.perf(),
             }
             if step % cfg.train.val_every == 0 or step == cfg.train.steps:
-                metrics["val/pass_rate"] = generator.validate(state.gpu_hours)
+                metrics["val/pass_rate"] = generator.validate(state.gpu_hours, policy=learner.policy, step=step)
             if step % cfg.train.log_every == 0 or "val/pass_rate" in metrics:
                 tracker.log_metrics(metrics, step=step)
             if step % cfg.train.checkpoint_every == 0 and step < cfg.train.steps:
@@ -269,6 +298,7 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Optional
         raise
     finally:
         notice.close()
+        generator.close()
     tracker.close("FAILED" if state.diverged else "FINISHED")
     if not state.diverged:
         checkpoint.remove()  # a finished run is not resumed; at 8B its optimizer state alone is ~100 GB

@@ -22,7 +22,14 @@ from mlflow.tracking import MlflowClient
 from analysis import make_report
 from analysis.fit import sigmoid_law
 from analysis.report import CSV_COLUMNS, CSV_EXTRA
-from analysis.runs import ExperimentNotFound, NoRuns, RunCurve, TrackingUnavailable, group_seeds, load_runs
+from analysis.runs import (
+    ExperimentNotFound,
+    NoRuns,
+    RunCurve,
+    TrackingUnavailable,
+    group_seeds,
+    load_runs,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = "loo-study"
@@ -326,13 +333,13 @@ def test_cli_report_never_imports_torch_or_the_trainer(study, tmp_path):
 
 # --- a real finished mock sweep ----------------------------------------------------------------------------------
 
-MOCK_SWEEP = ["-m", "ablate", "sweep=loo", "launcher=local", "train.steps=30", "train.val_every=3",
+MOCK_SWEEP = ["-m", "ablate", "sweep=loo", "generator=mock", "launcher=local", "train.steps=30", "train.val_every=3",
               "sweep.report=false"]
 
 
 @pytest.fixture(scope="module")
 def mock_sweep(tmp_path_factory):
-    """`python -m ablate sweep=loo` with the mock generator (the laptop default): 9 variants, 30 steps, validation
+    """`python -m ablate sweep=loo generator=mock` (the dry run): 9 variants, 30 steps, validation
     every 3 steps (11 points to 16k GPU-hours), logged to ./mlflow.db; then the report, built from that database."""
     folder = tmp_path_factory.mktemp("mock-sweep")
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}

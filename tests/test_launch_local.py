@@ -81,7 +81,8 @@ def test_running_the_same_sweep_again_submits_nothing(swept):
 
 def test_a_changed_override_runs_only_what_is_new(swept):
     folder, _ = swept
-    out = run_cli("-m", "ablate", "sweep=loo", "launcher=local", "sweep.report=false", *SHORT, "loss.eps_max=5",
+    out = run_cli("-m", "ablate", "sweep=loo", "generator=mock", "launcher=local", "sweep.report=false", *SHORT,
+                  "loss.eps_max=5",
                   cwd=folder)
     assert out.returncode == 0, out.stderr
     # CISPO's eps_max changes every variant but loo-dapo (the DAPO loss has no eps_max): 8 new runs, 1 reused
@@ -91,7 +92,8 @@ def test_a_changed_override_runs_only_what_is_new(swept):
 def test_failing_variants_are_reported_and_lose_nothing(tmp_path):
     # NPR with threshold 0 retires every prompt after its first epoch: every variant with NPR on fails at step 2
     # (loo-npr, NPR off, runs to the end)
-    out = run_cli("-m", "ablate", "sweep=loo", "launcher=local", "train.steps=20", "train.val_every=1",
+    out = run_cli("-m", "ablate", "sweep=loo", "generator=mock", "launcher=local", "train.steps=20",
+                  "train.val_every=1",
                   "filtering.npr_threshold=0.0", "task.n_train_prompts=8", cwd=tmp_path)
     assert out.returncode == 1
     assert "retired every training prompt" in out.stderr  # the end of the failed job's traceback

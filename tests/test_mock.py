@@ -13,7 +13,8 @@ from ablate.registry import build
 
 
 def _cfg(*overrides):
-    return OmegaConf.create(OmegaConf.to_container(compose(list(overrides)), resolve=True, enum_to_str=True))
+    config = compose(["generator=mock", *overrides])
+    return OmegaConf.create(OmegaConf.to_container(config, resolve=True, enum_to_str=True))
 
 
 def _mock(*overrides):

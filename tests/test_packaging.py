@@ -17,6 +17,10 @@ def test_a_built_wheel_carries_the_config_tree_and_runs_from_it(tmp_path: Path):
     shipped = {n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("ablate/conf/")}
     in_repo = {"ablate/conf/" + str(p.relative_to(ROOT / "conf")) for p in (ROOT / "conf").rglob("*.yaml")}
     assert in_repo and in_repo <= shipped
+    names = set(zipfile.ZipFile(wheel).namelist())
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "ablate").rglob("*.py")}
+    assert modules <= names, f"not in the wheel: {sorted(modules - names)}"  # every subpackage ships
+    assert "ablate/tasks/data/math_sample.jsonl" in names  # task=math's sample
 
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
     env = {"PYTHONPATH": str(tmp_path / "site")}  # before the editable install on sys.path

@@ -15,7 +15,8 @@ from test_sweeps import PAPER_LOO
 
 pytestmark = pytest.mark.slurm
 
-SLURM = ["launcher=slurm", "launcher.cpus_per_task=1", "launcher.gpus_per_node=1", "launcher.mem_gb=1",
+SLURM = ["generator=mock", "launcher=slurm", "launcher.cpus_per_task=1",
+         "launcher.gpus_per_node=1", "launcher.mem_gb=1",
          "launcher.timeout_min=10"]
 
 

@@ -8,9 +8,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from ablate import tracking
 from ablate.config import compose
 from ablate.registry import build
-from ablate.trainer import Learner
+from ablate.trainer import Learner, train
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 pytestmark = pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
@@ -18,29 +19,32 @@ AXES = ["loss", "aggregation", "normalization", "precision", "length_control", "
 AXIS_OPTIONS = [(g, f.stem) for g in AXES for f in sorted((CONF / g).glob("*.yaml"))]
 
 
+@pytest.fixture(scope="module")
+def shared_outputs(tmp_path_factory):
+    """One outputs folder for the module: the warm start is made once and loaded by every other run."""
+    return tmp_path_factory.mktemp("outputs")
+
+
 @pytest.mark.parametrize("group,option", AXIS_OPTIONS, ids=[f"{g}={o}" for g, o in AXIS_OPTIONS])
-def test_every_axis_option_runs_two_optimizer_steps(group, option):
-    cfg = OmegaConf.create(OmegaConf.to_container(compose([f"{group}={option}"]), resolve=True, enum_to_str=True))
-    generator, learner = build(cfg.generator, cfg=cfg), Learner(cfg)
-    prompt_filter, length_control = build(cfg.filtering), build(cfg.length_control)
-    before = [p.detach().clone() for p in learner.policy.parameters()]
-    for step in range(2):
-        ro = generator.rollouts(list(range(8)), step, compute=1000.0 * step)
-        rewards = ro.rewards + length_control.reward_shaping(ro.lengths, 48)
-        keep = prompt_filter.keep(rewards, ro.group)
-        if not keep.any():  # a batch with nothing to learn from: make one prompt's rewards differ
-            rewards[0] = 1.0 - rewards[0]
-            keep = prompt_filter.keep(rewards, ro.group)
-        metrics = learner.step(ro, rewards, keep)
-        assert torch.isfinite(torch.tensor(metrics["loss/policy"]))
-    after = list(learner.policy.parameters())
-    assert any(not torch.equal(a, b) for a, b in zip(before, after)), "the optimizer did not move the policy"
-    assert learner.optimizer.state and len(learner.optimizer.state) == len(after)
+def test_every_axis_option_runs_two_optimizer_steps(group, option, shared_outputs, mlflow_uri):
+    """The real trainer (tiny model, synthetic task, generator=hf) with one option switched, for two steps."""
+    cfg = compose([f"{group}={option}", "train.steps=2", "task.n_val_prompts=16", "task.val_samples=2",
+                   f"paths.outputs={shared_outputs}"])
+    client = tracking.client(mlflow_uri)
+    run_id = tracking.create_variant_run(client, tracking.experiment_id(client, "axes"), f"{group}={option}", {})
+    seen = []
+    state = train(cfg, run_id, mlflow_uri, progress=lambda step, total, metrics: seen.append(metrics))
+    assert state.step == 2 and not state.diverged
+    assert [m["train/lr"] for m in seen] == [cfg.optim.lr / cfg.optim.warmup_steps * s for s in (1, 2)]
+    assert all(torch.isfinite(torch.tensor(m["loss/policy"])) for m in seen)
+    assert client.get_run(run_id).data.params[group + ".name"] == option
+    assert client.get_run(run_id).info.status == "FINISHED"
 
 
 def test_the_learner_calls_the_configured_functions():
     cfg = OmegaConf.create(OmegaConf.to_container(
-        compose(["loss=gspo", "aggregation=token_mean", "normalization=none", "precision=bf16"]), resolve=True))
+        compose(["loss=gspo", "aggregation=token_mean", "normalization=none", "precision=bf16", "generator=mock"]),
+        resolve=True))
     learner = Learner(cfg)
     names = {f.func.__name__ for f in (learner.loss, learner.aggregate, learner.normalize, learner.head)}
     assert names == {"gspo", "token_mean", "none", "bf16"}
@@ -48,7 +52,7 @@ def test_the_learner_calls_the_configured_functions():
 
 
 def test_micro_batching_in_the_learner_gives_the_whole_batch_gradient():
-    cfg = OmegaConf.create(OmegaConf.to_container(compose([]), resolve=True, enum_to_str=True))
+    cfg = OmegaConf.create(OmegaConf.to_container(compose(["generator=mock"]), resolve=True, enum_to_str=True))
     ro = build(cfg.generator, cfg=cfg).rollouts(list(range(8)), 0, compute=2000.0)
     rewards = torch.arange(ro.n, dtype=torch.float32) % 3  # every prompt has reward variance
     grads = []
@@ -61,3 +65,16 @@ def test_micro_batching_in_the_learner_gives_the_whole_batch_gradient():
         grads.append(torch.cat([p.grad.flatten() for p in learner.policy.parameters()]))
     assert grads[0].abs().sum() > 0
     assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-8)
+
+
+def test_the_math_task_runs_through_the_trainer_with_its_answer_checking(tmp_path, mlflow_uri):
+    """task=math on the tiny model (it solves nothing: the point is the path, prompts in, checked answers out)."""
+    cfg = compose(["task=math", "train.steps=2", "task.n_val_prompts=4", "task.val_samples=2",
+                   f"paths.outputs={tmp_path}"])
+    client = tracking.client(mlflow_uri)
+    run_id = tracking.create_variant_run(client, tracking.experiment_id(client, "math"), "scalerl", {})
+    seen = []
+    train(cfg, run_id, mlflow_uri, progress=lambda step, total, metrics: seen.append(metrics))
+    assert len(seen) == 2 and client.get_run(run_id).info.status == "FINISHED"
+    assert client.get_run(run_id).data.params["task.name"] == "math"
+    assert all(0.0 <= m["train/reward_mean"] <= 1.0 for m in seen)

@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import hashlib
 import math
+
 import numpy as np
 import torch
 from omegaconf import DictConfig
 
 from ablate.config import choice_of, signature
+from ablate.policy import build_tokenizer
 from ablate.registry import build
 from ablate.rollouts import Rollouts
-from analysis.synthetic import Truth  # the law of the paper (Eq. 1), one implementation for both
+from analysis.synthetic import (
+    Truth,  # the law of the paper (Eq. 1), one implementation for both
+)
 
 INJECTED_TOKEN = 1  # the mock's stand-in for the ids of an injected phrase
 FIRST_SAMPLED_TOKEN = 4
@@ -46,9 +50,11 @@ def variant_truth(cfg: DictConfig) -> Truth:
 
 
 class MockGenerator:
+    samples_policy = False  # its rollouts do not come from the policy: the trainer skips the task's warm start
     def __init__(self, truth: dict, effects: dict, gpu_hours: float, reference_length_frac: float, val_prompts: int,
                  val_samples: int, run_sd_A: float, wobble_sd: float, wobble_gpu_hours: float, prompt_spread: float,
-                 *, cfg: DictConfig):
+                 *, cfg: DictConfig, sampler=None, **_: object):
+        self.sampler = sampler  # the trainer's prompt sampler: batch() draws from it
         self.truth = variant_truth(cfg)
         seed = int(hashlib.sha256(f"{cfg.seed}:{signature(cfg)}".encode()).hexdigest()[:8], 16)
         self.rng = np.random.default_rng(seed)
@@ -60,10 +66,11 @@ class MockGenerator:
         self.off_policy = build(cfg.off_policy)
         self.gen = cfg.generation
         self.samples_per_prompt = int(cfg.batch.samples_per_prompt)
+        self.samples_per_batch = int(cfg.batch.prompts_per_step)
         self.gpu_hours_per_step = gpu_hours / cfg.train.steps
         self.reference_length_frac = reference_length_frac
         self.wobble_sd, self.wobble_gpu_hours, self.kappa = wobble_sd, wobble_gpu_hours, prompt_spread
-        self.vocab = int(cfg.model.vocab_size)
+        self.vocab = int(cfg.model.vocab_size) or len(build_tokenizer(cfg.model))
         self.phrase_tokens = len(self.length_control.phrase.split()) if self.length_control.phrase else 0
         self._wobble, self._wobble_at = 0.0, 0.0
 
@@ -78,8 +85,25 @@ class MockGenerator:
         self.rng.bit_generator.state = state["rng"]
         self._wobble, self._wobble_at = state["wobble"], state["wobble_at"]
 
+    # ------------------------------------------------------------------------------- the trainer's generator calls
+    def batch(self, step: int, compute: float) -> Rollouts:
+        """Batch `step` (trained by policy version step - 1) of the sampler's next prompts."""
+        return self.rollouts(self.sampler.next(self.samples_per_batch), step - 1, compute)
+
+    def publish(self, policy, version: int) -> None:
+        """The mock has no weights: its curve is a function of compute."""
+
+    def reset_weights(self, policy, version: int) -> None:
+        pass
+
+    def perf(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
     # ------------------------------------------------------------------------------------------------ validation
-    def validate(self, compute: float) -> float:
+    def validate(self, compute: float, **_: object) -> float:
         """mean@k pass rate over the simulated validation prompts at `compute` GPU-hours."""
         from scipy.special import betaincinv
 
