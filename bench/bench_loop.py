@@ -1,4 +1,5 @@
-"""The whole loop on 2 cores: `python -m ablate sweep=loo generator=mock` then `python -m analysis report`.
+"""The whole dry-run loop on 2 cores: `python -m ablate sweep=loo generator=mock train.steps=100 train.val_every=2`,
+then `python -m analysis report`.
 
 Prints the wall time of each part, and checks the report against the mock's ground truth: for every pair of
 variants whose true A values differ by more than 0.03, does the report rank them in the true order?
@@ -66,7 +67,8 @@ def main() -> None:
     for seed in range(args.seeds):
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
-            loop = run(["-m", "ablate", "sweep=loo", "generator=mock", f"seed={seed}"], folder)
+            loop = run(["-m", "ablate", "sweep=loo", "generator=mock", "train.steps=100", "train.val_every=2",
+                        f"seed={seed}"], folder)
             report_s = run(["-m", "analysis", "report", "--experiment", "tiny", "--out", "report"], folder)
             pairs, ok, wrong = check(folder, folder / "report")
             totals.append((loop, ok, pairs))

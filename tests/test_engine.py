@@ -118,3 +118,13 @@ def test_weights_loaded_mid_flight_reach_running_rows_and_their_versions_change_
     for i, r in enumerate(long):
         assert torch.allclose(before[i, :3], ro.gen_logprobs[i, :3], atol=1e-5)
         assert not torch.allclose(before[i, 3:len(r.tokens)], ro.gen_logprobs[i, 3:len(r.tokens)], atol=1e-3)
+
+
+def test_sampling_draws_tokens_with_their_probabilities():
+    from ablate.generators.engine import sample
+
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+    draws = sample(p.log().expand(100_000, 5), torch.Generator().manual_seed(0))
+    freq = torch.bincount(draws, minlength=5).float() / draws.numel()
+    assert torch.allclose(freq, p, atol=0.006)  # 4 sd of a binomial at p = 0.5 and n = 1e5 is 0.0063
+    assert freq[4] == 0  # a token of probability 0 is never drawn

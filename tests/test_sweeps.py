@@ -135,7 +135,8 @@ def test_signature_ignores_key_order_and_sees_every_semantic_value():
     reordered = OmegaConf.create(_reverse(container))
     assert list(reordered.keys()) != list(cfg.keys())
     assert signature(reordered) == signature(cfg)
-    for overrides in (["seed=1"], ["loss.eps_max=5"], ["generator.truth.A=0.7"], ["batch.prompts_per_step=9"]):
+    for overrides in (["seed=1"], ["loss.eps_max=5"], ["generator.max_waves=3"], ["task.teacher_accuracy=0.5"],
+                      ["generator=mock"], ["batch.prompts_per_step=9"]):
         assert signature(compose(overrides)) != signature(cfg), overrides
 
 

@@ -78,3 +78,12 @@ def test_the_math_task_runs_through_the_trainer_with_its_answer_checking(tmp_pat
     assert len(seen) == 2 and client.get_run(run_id).info.status == "FINISHED"
     assert client.get_run(run_id).data.params["task.name"] == "math"
     assert all(0.0 <= m["train/reward_mean"] <= 1.0 for m in seen)
+
+
+def test_the_model_presets_build_the_sizes_they_say():
+    from ablate.policy import build_policy
+
+    for preset, low, high in (("tiny", 1e5, 3e5), ("small", 2e6, 6e6)):
+        cfg = compose([f"model={preset}"])
+        n = sum(p.numel() for p in build_policy(cfg.model, 0).parameters())
+        assert low <= n <= high, (preset, n)

@@ -53,6 +53,13 @@ class Limits:
     phrase_ids: tuple[int, ...] = ()  # the interruption phrase
 
 
+def sample(logp: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
+    """One token per row of log-probs [n, V]: Gumbel-max, argmax(log p - log(-log u)) with u ~ U(0, 1), is an exact
+    draw from p, and cheaper than torch.multinomial on CPU."""
+    uniform = torch.rand(logp.shape, generator=rng, device=logp.device).clamp_(min=1e-20)
+    return torch.argmax(logp - torch.log(-torch.log(uniform)), dim=-1)
+
+
 def append_token(row: Sequence, limits: Limits, version: int, token: int, logprob: float, sampled: bool) -> None:
     """Add one token to `row` and apply the length rules (every engine calls this: the rules are the same)."""
     lim = limits
@@ -141,8 +148,9 @@ class Engine:
             raise FloatingPointError(f"the generator's logits are not finite (weights of version {self.version}): "
                                      "the policy diverged")
         logp = torch.log_softmax(logits, dim=-1)
-        choice = torch.multinomial(logp.exp(), 1, generator=self.rng).squeeze(1)
+        choice = sample(logp, self.rng)
         chosen_logp = logp.gather(1, choice[:, None]).squeeze(1)
+        choices, chosen = choice.tolist(), chosen_logp.tolist()  # one transfer, not one per row
         next_ids, ended = [], []
         for i, row in enumerate(wave.rows):
             if row.done:
@@ -151,7 +159,7 @@ class Engine:
             if row.forced:
                 token, lp, sampled = row.forced.pop(0), 0.0, False
             else:
-                token, lp, sampled = int(choice[i]), float(chosen_logp[i]), True
+                token, lp, sampled = choices[i], chosen[i], True
             self._append(row, token, lp, sampled)
             next_ids.append(token)
             if row.done:
