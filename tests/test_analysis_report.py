@@ -334,7 +334,7 @@ def test_cli_report_never_imports_torch_or_the_trainer(study, tmp_path):
 # --- a real finished mock sweep ----------------------------------------------------------------------------------
 
 MOCK_SWEEP = ["-m", "ablate", "sweep=loo", "generator=mock", "launcher=local", "train.steps=30", "train.val_every=3",
-              "sweep.report=false"]
+              "model.num_layers=1", "model.hidden_size=32", "sweep.report=false"]
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ from test_sweeps import PAPER_LOO
 
 pytestmark = pytest.mark.slurm
 
-SLURM = ["generator=mock", "launcher=slurm", "launcher.cpus_per_task=1",
-         "launcher.gpus_per_node=1", "launcher.mem_gb=1",
-         "launcher.timeout_min=10"]
+# The mock generator on a 1-layer model: these tests are about the cluster, not the model
+SLURM = ["generator=mock", "model.num_layers=1", "model.hidden_size=32", "launcher=slurm",
+         "launcher.cpus_per_task=1", "launcher.gpus_per_node=1", "launcher.mem_gb=1", "launcher.timeout_min=10"]
 
 
 def _ablate(cwd, *overrides, env):
