@@ -208,9 +208,10 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
     policy = build_policy(cfg.model, cfg.seed, tokenizer)
     samples_policy = getattr(get_object(cfg.generator._target_), "samples_policy", True)  # not the mock
     if cfg.task.warm_start_steps > 0 and samples_policy:  # the same warm-started weights for every variant
-        key = {"model": OmegaConf.to_container(cfg.model), "task": OmegaConf.to_container(cfg.task)}
+        key = {"model": OmegaConf.to_container(cfg.model), "task": OmegaConf.to_container(cfg.task),
+               "seed": cfg.seed}  # the seed made the initial weights
         cached_warm_start(policy, task, Path(cfg.paths.cache), key, steps=cfg.task.warm_start_steps,
-                          lr=cfg.task.warm_start_lr, batch_size=cfg.task.warm_start_batch, seed=cfg.seed)
+                          lr=cfg.task.warm_start_lr, batch_size=cfg.task.warm_start_batch)
     prompt_filter, length_control = build(cfg.filtering), build(cfg.length_control)
     learner = Learner(cfg, policy)
     sampler = PromptSampler(task.size("train"), cfg.seed, prompt_filter)

@@ -31,11 +31,9 @@ def main() -> None:
         print(f"{step:>5} {compute:>14.5f} {rate:>9.3f}")
     C = np.array([c for _, c, _ in run["val"]])
     R = np.array([r for _, _, r in run["val"]])
-    fit = fit_sigmoid(C, R, r0=float(R[0]))
-    pred = fit.predict(C[1:])
-    r2 = 1 - np.sum((R[1:] - pred) ** 2) / np.sum((R[1:] - R[1:].mean()) ** 2)
+    fit = fit_sigmoid(C, R, r0=float(R[0]))  # fits the points with C > 0; fit.r2 is over those
     print(f"\nsigmoid fit: A={fit.A:.3f} [{fit.ci['A'][0]:.3f}, {fit.ci['A'][1]:.3f}]  B={fit.B:.2f}  "
-          f"C_mid={fit.C_mid:.5f} device-h  R0={fit.R0:.3f}  R^2={r2:.3f}")
+          f"C_mid={fit.C_mid:.5f} device-h  R0={fit.R0:.3f}  R^2={fit.r2:.3f}")
     print(f"pass rate {R[0]:.3f} -> {R[-1]:.3f} (max {R.max():.3f}) in {run['wall_s']:.1f} s wall "
           f"({args.steps} steps, warm start included)")
 

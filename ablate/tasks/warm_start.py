@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 
 
-def warm_start(policy: torch.nn.Module, task, *, steps: int, lr: float, batch_size: int, seed: int) -> list[float]:
-    """Train `policy` in place on the task's warm-start examples; returns the loss of each step."""
+def warm_start(policy: torch.nn.Module, task, *, steps: int, lr: float, batch_size: int) -> list[float]:
+    """Train `policy` in place on the task's warm-start examples (a fixed stream: nothing here is random); returns
+    the loss of each step."""
     tok = task.tokenizer
-    generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
     device = next(policy.parameters()).device
     losses, drawn = [], 0
@@ -44,7 +44,6 @@ def warm_start(policy: torch.nn.Module, task, *, steps: int, lr: float, batch_si
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
-    del generator
     return losses
 
 
