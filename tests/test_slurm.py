@@ -157,15 +157,16 @@ def test_a_cancelled_sweep_resumes_when_run_again(slurm, tmp_path):
 
 
 def test_a_job_at_its_time_limit_checkpoints_requeues_and_finishes(slurm, tmp_path):
-    # a 1-minute limit with the warning (USR2) 45 s before it: the run outlives its first job
-    out = _ablate(tmp_path, "sweep=recipes", "sweep.recipes=[scalerl]", "train.steps=500",
-                  "train.checkpoint_every=1000", "train.val_every=10", "launcher.timeout_min=1",
+    # a 1-minute limit with the warning (USR2) 45 s before it: the run outlives its first job. 1,500 steps of the
+    # mock take ~30 s (20 ms a step), so the warning comes mid-run with room to spare
+    out = _ablate(tmp_path, "sweep=recipes", "sweep.recipes=[scalerl]", "train.steps=1500",
+                  "train.checkpoint_every=100000", "train.val_every=30", "launcher.timeout_min=1",
                   "launcher.signal_delay_s=45", env=slurm.env)
     assert out.returncode == 0, out.stderr
     status = _wait_until_done(tmp_path, timeout=500)
     assert status.returncode == 0, status.stdout
     client, exp = _client(tmp_path)
     (run,) = [r for r in client.search_runs([exp]) if r.data.tags["ablate.role"] == "variant"]
-    _assert_complete(client, run.info.run_id, 500)
+    _assert_complete(client, run.info.run_id, 1500)
     tags = client.get_run(run.info.run_id).data.tags
     assert int(tags["ablate.resumed_from"]) == int(tags["ablate.requeued_at"]) > 0  # saved at the signal
