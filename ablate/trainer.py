@@ -131,7 +131,8 @@ class RunState:
 class PreemptionNotice:
     """SIGUSR2 (SLURM's warning before a time limit or a preemption) is held until the current step ends; then
     the trainer checkpoints and hands the signal to the handler that was installed before (submitit's, which
-    requeues the job and exits). Without one, the run ends as KILLED after its checkpoint."""
+    requeues the job and exits). Without one, the run ends as KILLED after its checkpoint. A USR2 that comes after the
+    last step changes nothing: the run ends as FINISHED and its job is not requeued."""
 
     def __init__(self):
         self.received, self.previous = False, None
@@ -146,6 +147,7 @@ class PreemptionNotice:
     def close(self) -> None:
         if self.previous is not None:
             signal.signal(signal.SIGUSR2, self.previous)
+            self.previous = None
 
     def hand_over(self) -> None:
         previous = self.previous
@@ -289,20 +291,25 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
                 notice.hand_over()
     # ---- cleanup: flush what was measured whatever happened, and say how the run ended
     except KeyboardInterrupt:
+        notice.close()
         tracker.close("KILLED")
         raise
     except SystemExit:  # requeued: the run goes on in the next job; keep it RUNNING, keep what was measured
+        notice.close()
         tracker.flush()
         raise
     except BaseException:
+        notice.close()
         tracker.close("FAILED")
         raise
     finally:
-        notice.close()
         generator.close()
-    tracker.close("FAILED" if state.diverged else "FINISHED")
-    if not state.diverged:
-        checkpoint.remove()  # a finished run is not resumed; at 8B its optimizer state alone is ~100 GB
+    try:  # a USR2 still only waits here: a run that has done its last step ends as it is, and is not requeued
+        tracker.close("FAILED" if state.diverged else "FINISHED")
+        if not state.diverged:
+            checkpoint.remove()  # a finished run is not resumed; at 8B its optimizer state alone is ~100 GB
+    finally:
+        notice.close()
     return state
 
 

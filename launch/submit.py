@@ -10,8 +10,10 @@ import json
 from contextlib import contextmanager
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
@@ -105,13 +107,22 @@ def _environ(**values: str) -> Iterator[None]:
 
 class Requeueable:
     """Wraps a job's callable so submitit requeues it on preemption or at its time limit (USR2), with the same
-    arguments: the callable must pick up where it left off (the trainer resumes its run from its checkpoint)."""
+    arguments: the callable must pick up where it left off (the trainer resumes its run from its checkpoint).
+
+    Once the callable has returned, USR2 is ignored: the work is done, and there is nothing to save or requeue.
+    SLURM sends the warning up to a minute early and whatever the job is doing, so it can come while Python shuts
+    down, when the interpreter has put back the default action (terminate); the finished job would then end as
+    FAILED, killed by signal 12.
+    """
 
     def __init__(self, fn: Callable):
         self.fn = fn
 
     def __call__(self, *args: Any) -> Any:
-        return self.fn(*args)
+        result = self.fn(*args)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        return result
 
     def checkpoint(self, *args: Any):
         import submitit

@@ -134,3 +134,34 @@ def test_a_job_started_again_for_a_finished_run_does_nothing(tmp_path, mlflow_ur
     assert logged == 5 and client.get_run(run_id).info.status == "FINISHED"
     run_variant(config, run_id, mlflow_uri)
     assert len(client.get_metric_history(run_id, "compute/gpu_hours")) == logged
+
+
+def test_a_warning_while_the_finished_run_is_closed_neither_requeues_nor_kills_the_job(tmp_path, mlflow_uri,
+                                                                                      monkeypatch):
+    # SLURM sends USR2 up to a minute early, whatever the job is doing: here, while the run is being closed, and
+    # again once the job's callable has returned (where Python, shutting down, would have died of it)
+    from ablate import trainer
+    from ablate.config import compose
+    from ablate.job import run_variant
+    from ablate.run import job_config
+    from launch.submit import Requeueable
+
+    requeued = []
+    close = trainer.RunLogger.close
+
+    def close_with_a_warning(self, status):
+        signal.raise_signal(signal.SIGUSR2)
+        close(self, status)
+
+    monkeypatch.setattr(trainer.RunLogger, "close", close_with_a_warning)
+    client = tracking.client(mlflow_uri)
+    run_id = tracking.create_variant_run(client, tracking.experiment_id(client, "tiny"), "scalerl", {})
+    config = job_config(compose(["train.steps=3", f"paths.runs={tmp_path}/runs"]))
+    before = signal.signal(signal.SIGUSR2, lambda signum, frame: requeued.append(signum))  # as submitit's
+    try:
+        assert Requeueable(run_variant)(config, run_id, mlflow_uri)["step"] == 3
+        signal.raise_signal(signal.SIGUSR2)  # after the callable returned: ignored
+        assert requeued == [] and signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+    assert client.get_run(run_id).info.status == "FINISHED"
