@@ -156,9 +156,33 @@ def test_a_cancelled_sweep_resumes_when_run_again(slurm, tmp_path):
     assert int(client.get_run(run_id).data.tags["ablate.resumed_from"]) >= 20
 
 
+def test_a_warned_job_checkpoints_at_the_warning_requeues_itself_and_finishes(slurm, tmp_path):
+    # The warning SLURM sends before a time limit or a preemption (USR2, `--signal=USR2@<signal_delay_s>` in the
+    # job's script), sent here by hand at a known step: the run checkpoints at the end of that step (no periodic
+    # checkpoint to fall back on), submitit requeues the job, and the next job resumes exactly there
+    out = _ablate(tmp_path, "sweep=recipes", "sweep.recipes=[scalerl]", "train.steps=400",
+                  "train.checkpoint_every=100000", "train.val_every=5", "launcher.signal_delay_s=90",
+                  env=slurm.env)
+    assert out.returncode == 0, out.stderr
+    job = _manifest(tmp_path)["jobs"][0]["job_id"]
+    script = (tmp_path / "outputs" / "tiny" / "jobs").glob(f"*/{job}_submission.sh")
+    assert "#SBATCH --signal=USR2@90\n" in next(script).read_text()
+    run_id = _wait_for_step(tmp_path, 45)
+    slurm.run("scancel", "--signal=USR2", job)
+    status = _wait_until_done(tmp_path, timeout=400)
+    assert status.returncode == 0, status.stdout
+    client, _ = _client(tmp_path)
+    _assert_complete(client, run_id, 400)
+    tags = client.get_run(run_id).data.tags
+    assert int(tags["ablate.resumed_from"]) == int(tags["ablate.requeued_at"]) >= 45  # saved at the warning
+
+
+@pytest.mark.slow
 def test_a_job_at_its_time_limit_checkpoints_requeues_and_finishes(slurm, tmp_path):
-    # a 1-minute limit with the warning (USR2) 45 s before it: the run outlives its first job. 1,500 steps of the
-    # mock take ~30 s (20 ms a step), so the warning comes mid-run with room to spare
+    # SLURM's own timer (~2.5 min, so `-m slow`): a 1-minute limit with the warning 45 s before it. slurmctld
+    # checks its timers every 30 s, so the warning comes 15-45 s into each job, and whatever the job is doing: 1,500
+    # mock steps (~35 a second) outlast the first job for sure and take 3-4 jobs in all; one of them may be
+    # warned after its last step, which must not fail it
     out = _ablate(tmp_path, "sweep=recipes", "sweep.recipes=[scalerl]", "train.steps=1500",
                   "train.checkpoint_every=100000", "train.val_every=30", "launcher.timeout_min=1",
                   "launcher.signal_delay_s=45", env=slurm.env)
