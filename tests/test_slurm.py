@@ -179,9 +179,9 @@ def test_a_warned_job_checkpoints_at_the_warning_requeues_itself_and_finishes(sl
 
 @pytest.mark.slow
 def test_a_job_at_its_time_limit_checkpoints_requeues_and_finishes(slurm, tmp_path):
-    # SLURM's own timer (~2.5 min, so `-m slow`): a 1-minute limit with the warning 45 s before it. slurmctld
+    # SLURM's own timer (2-3 min, so `-m slow`): a 1-minute limit with the warning 45 s before it. slurmctld
     # checks its timers every 30 s, so the warning comes 15-45 s into each job, and whatever the job is doing: 1,500
-    # mock steps (~35 a second) outlast the first job for sure and take 3-4 jobs in all; one of them may be
+    # mock steps (~35 a second) outlast the first job for sure and take 3-6 jobs in all; one of them may be
     # warned after its last step, which must not fail it
     out = _ablate(tmp_path, "sweep=recipes", "sweep.recipes=[scalerl]", "train.steps=1500",
                   "train.checkpoint_every=100000", "train.val_every=30", "launcher.timeout_min=1",
