@@ -3,6 +3,8 @@ sequence, every prompt trained exactly once, the deterministic schedule, and a r
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -121,3 +123,9 @@ def test_a_restart_with_nothing_started_ahead_goes_on_at_the_next_step():
     assert set(ro.versions[ro.mask].tolist()) == {3}
     assert min([*fresh.started, *fresh.ended], default=5) >= 5  # no batch before 4 was generated again
     fresh.close()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_generator_vllm_without_vllm_says_so_instead_of_decoding_with_torch():
+    with pytest.raises(ModuleNotFoundError, match=r"generator=vllm needs vLLM.*pip install -e '\.\[vllm\]'"):
+        _setup("generator=vllm")

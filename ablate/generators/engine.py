@@ -123,6 +123,9 @@ class Engine:
             tensor.copy_(state[name])
         self.version = version
 
+    def close(self) -> None:
+        """Nothing to release: the engine's copy of the weights goes with it (vLLM's engine shuts its core down)."""
+
     @torch.no_grad()
     def start(self, rows: list[Sequence]) -> None:
         """Prefill a new wave of rows."""

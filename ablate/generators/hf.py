@@ -42,13 +42,17 @@ class HFGenerator(Pipeline):
         self.limits = limits_for(cfg, task.tokenizer, length_control)
         self.engine_args = {"head_dtype": head_dtype(cfg), "temperature": float(cfg.generation.temperature),
                             "pad_id": task.tokenizer.pad_token_id}
-        engine = Engine(copy.deepcopy(policy).eval(), self.limits, seed=cfg.seed, **self.engine_args)
+        engine = self.make_engine(policy, task.tokenizer)
         super().__init__(engine, task, sampler, build(cfg.off_policy), length_control,
                          prompts_per_step=int(cfg.batch.prompts_per_step),
                          samples_per_prompt=int(cfg.batch.samples_per_prompt), max_waves=max_waves,
                          max_think_tokens=int(cfg.generation.max_think_tokens), concurrent=concurrent, seed=cfg.seed)
         self.val_wave_rows = val_wave_rows
         self.devices = torch.cuda.device_count() if engine.device.type == "cuda" else 1
+
+    def make_engine(self, policy: torch.nn.Module, tokenizer) -> Engine:
+        """The engine that decodes the pipeline's rows: ours, on its own copy of the policy."""
+        return Engine(copy.deepcopy(policy).eval(), self.limits, seed=self.cfg.seed, **self.engine_args)
 
     def describe(self) -> dict:
         return {"generator.devices": self.devices}

@@ -98,6 +98,7 @@ class Pipeline:
             self.lock.notify_all()
         if self.thread is not None and self.thread.is_alive():
             self.thread.join(timeout=60)
+        self.engine.close()
 
     def state_dict(self) -> dict:
         """Prompts started and not trained yet (they are started again after a restart), and the random streams."""

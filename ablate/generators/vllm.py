@@ -10,6 +10,7 @@ vllm_engine.py for what has and has not run on a GPU.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import torch
@@ -22,7 +23,10 @@ class VLLMGenerator(HFGenerator):
         self.gpu_memory_utilization = gpu_memory_utilization
         super().__init__(**kwargs)
 
-    def make_engine(self, policy: torch.nn.Module):
+    def make_engine(self, policy: torch.nn.Module, tokenizer):
+        if importlib.util.find_spec("vllm") is None:
+            raise ModuleNotFoundError("generator=vllm needs vLLM, which is not installed: pip install -e '.[vllm]' "
+                                      "on a CUDA machine, or use generator=hf")
         from ablate.generators.vllm_engine import VLLMEngine
 
         cfg = self.cfg
@@ -30,6 +34,6 @@ class VLLMGenerator(HFGenerator):
         if not folder:  # the tiny model: vLLM reads a folder
             folder = str(Path(cfg.paths.cache) / f"vllm-model-{id(policy)}")
             policy.save_pretrained(folder)
-            self.task.tokenizer.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
         return VLLMEngine(folder, self.limits, seed=cfg.seed, gpu_memory_utilization=self.gpu_memory_utilization,
                           dtype=cfg.model.dtype, **self.engine_args)
