@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from ablate.generators.engine import Engine, Limits, Sequence
+from ablate.generators.engine import Engine, Limits
 from ablate.generators.pipeline import Pipeline
 from ablate.registry import build
 from ablate.tasks.base import THINK_END
@@ -63,11 +63,7 @@ class HFGenerator(Pipeline):
         task, k = self.task, int(self.cfg.task.val_samples)
         engine = Engine(policy, self.limits, seed=self.cfg.seed * 1_000_003 + step, **self.engine_args)
         rng = np.random.default_rng([self.cfg.seed, step, 11])
-        rows = []
-        for index in range(task.size("val")):
-            ids = self.tok.encode(task.problem("val", index).prompt, add_special_tokens=False)
-            rows += [Sequence(index, 0, ids, self.length_control.think_budget(rng, self.max_think_tokens))
-                     for _ in range(k)]
+        rows = [row for index in range(task.size("val")) for row in self._rows("val", index, 0, k, rng)]
         was_training = policy.training
         policy.eval()
         queue = list(rows)
@@ -77,8 +73,7 @@ class HFGenerator(Pipeline):
                 del queue[:self.val_wave_rows]
             engine.step()
         policy.train(was_training)
-        passed = [not r.truncated and task.correct(self._text(r), task.problem("val", r.prompt_index)) for r in rows]
-        return float(np.mean(passed))
+        return float(np.mean([self._passed("val", r) for r in rows]))
 
     def step_gpu_hours(self, rollouts, wall_seconds: float) -> float:
         return self.devices * wall_seconds / 3600.0

@@ -164,13 +164,14 @@ class Pipeline:
             prompts = self.sampler.next(self.B)
         self.started[batch] = prompts
         self.ended[batch] = []
-        rows = []
-        for index in prompts:
-            ids = self.tok.encode(self.task.problem("train", index).prompt, add_special_tokens=False)
-            for _ in range(self.G):
-                budget = self.length_control.think_budget(self.rng, self.max_think_tokens)
-                rows.append(Sequence(prompt_index=index, batch=batch, prompt_ids=ids, think_budget=budget))
-        self.engine.start(rows)
+        self.engine.start([row for index in prompts for row in self._rows("train", index, batch, self.G, self.rng)])
+
+    def _rows(self, split: str, index: int, batch: int, count: int, rng: np.random.Generator) -> list[Sequence]:
+        """`count` rows sampling problem `index` of `split`, each with its thinking budget (length control)."""
+        ids = self.tok.encode(self.task.problem(split, index).prompt, add_special_tokens=False)
+        return [Sequence(prompt_index=index, batch=batch, prompt_ids=ids,
+                         think_budget=self.length_control.think_budget(rng, self.max_think_tokens))
+                for _ in range(count)]
 
     def _collect(self, ended: list[Sequence]) -> None:
         for row in ended:
@@ -183,13 +184,14 @@ class Pipeline:
     def _rollouts(self, prompts: list[int], rows: list[Sequence]) -> Rollouts:
         order = {index: position for position, index in enumerate(prompts)}
         rows = sorted(rows, key=lambda r: order[r.prompt_index])  # stable: a prompt's G samples stay in order
-        correct = torch.tensor([not r.truncated and self.task.correct(self._text(r), self.task.problem(
-            "train", r.prompt_index)) for r in rows])
+        correct = torch.tensor([self._passed("train", r) for r in rows])
         return assemble(rows, correct, group=[order[r.prompt_index] for r in rows], pad_id=self.tok.pad_token_id)
 
-    def _text(self, row: Sequence) -> str:
+    def _passed(self, split: str, row: Sequence) -> bool:
+        """The row's final answer is right (a truncated row never passes)."""
         ids = row.tokens[:-1] if row.tokens and row.tokens[-1] in self.engine.limits.stop_ids else row.tokens
-        return self.tok.decode(ids, skip_special_tokens=False)
+        text = self.tok.decode(ids, skip_special_tokens=False)
+        return not row.truncated and self.task.correct(text, self.task.problem(split, row.prompt_index))
 
 
 def assemble(rows: list[Sequence], correct: torch.Tensor, group: list[int], pad_id: int) -> Rollouts:
