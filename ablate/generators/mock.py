@@ -26,9 +26,7 @@ from ablate.config import choice_of, signature
 from ablate.policy import build_tokenizer
 from ablate.registry import build
 from ablate.rollouts import Rollouts
-from analysis.synthetic import (
-    Truth,  # the law of the paper (Eq. 1), one implementation for both
-)
+from analysis.synthetic import Truth  # the law of the paper (Eq. 1), one implementation for both
 
 INJECTED_TOKEN = 1  # the mock's stand-in for the ids of an injected phrase
 FIRST_SAMPLED_TOKEN = 4
@@ -51,6 +49,7 @@ def variant_truth(cfg: DictConfig) -> Truth:
 
 class MockGenerator:
     samples_policy = False  # its rollouts do not come from the policy: the trainer skips the task's warm start
+
     def __init__(self, truth: dict, effects: dict, gpu_hours: float, reference_length_frac: float, val_prompts: int,
                  val_samples: int, run_sd_A: float, wobble_sd: float, wobble_gpu_hours: float, prompt_spread: float,
                  *, cfg: DictConfig, sampler=None, **_: object):

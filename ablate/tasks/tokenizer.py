@@ -15,7 +15,6 @@ SPECIAL = ("<pad>", "<unk>", "<bos>", "<eos>", "<think>", "</think>")
 # Words of the interruption phrase (schema.Interruption.phrase) and of the synthetic task's prompts.
 WORDS = ("Okay", "time", "is", "up", "Let", "me", "stop", "thinking", "and", "formulate", "a", "final", "answer",
          "now", "reverse", "sort", "sum")
-PIECES = r"</?think>|[A-Za-z]+|\d| |\n|[^A-Za-z\d \n]"
 
 
 @cache
