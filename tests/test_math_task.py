@@ -132,6 +132,12 @@ def test_the_prompt_is_the_template_and_the_sample_has_no_warm_start(task):
         MathTask(build_tokenizer(), warm_start_steps=10)
 
 
+def test_the_configs_default_template_is_the_tasks():
+    from ablate.config import compose
+
+    assert compose(["task=math"]).task.prompt_template == math_task.DEFAULT_TEMPLATE  # two copies: kept equal
+
+
 def test_every_sample_reference_is_read_by_both_checkers_and_accepted_boxed(task):
     for problem in task.splits["train"] + task.splits["val"]:
         assert task.correct(f"<think>work</think> The answer is $\\boxed{{{problem.answer}}}$.", problem), problem
