@@ -3,10 +3,16 @@
 Works with any transformers causal LM that exposes `get_decoder()` (the hidden states) and
 `get_output_embeddings()` (the LM head): the head is applied by the precision option, so the [N, T, vocab] logits
 are never built whole. Models whose logits get more than the head (Gemma's final soft-capping) are not covered.
+
+Mixed precision, the standard way: the trainer's weights (and so AdamW's state) are fp32 masters, and the decoder
+computes in `model.dtype` under autocast (bf16 for real models: matmuls in bf16, fp32 accumulation, the residual
+stream and norms in fp32). At the paper's lr 5e-7 an update is ~1e-5 of a weight: bf16 weights (8 bits of
+mantissa) would round most of it away. The LM head never runs under autocast: its dtype is the precision option's.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -33,42 +39,59 @@ def device_of(model: DictConfig) -> torch.device:
     return torch.device(model.device)
 
 
+def compute_dtype(model: DictConfig) -> torch.dtype:
+    """The dtype the decoder computes in (`model.dtype`); the weights themselves stay fp32."""
+    return getattr(torch, model.dtype)
+
+
+def autocast(device: torch.device, dtype: torch.dtype):
+    """The decoder's compute context: autocast to `dtype`, or nothing when that is fp32 (the weights' own dtype)."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
 def build_policy(model: DictConfig, seed: int = 0, tokenizer=None) -> torch.nn.Module:
     """model.path set: load it (a local folder or a hub name). Unset: a tiny Llama with random weights, its
-    vocabulary model.vocab_size or (0) the tokenizer's. On model.device."""
+    vocabulary model.vocab_size or (0) the tokenizer's. On model.device, with fp32 (master) weights whatever
+    model.dtype says: that is the compute dtype (`autocast`)."""
     import transformers
 
-    dtype = getattr(torch, model.dtype)
+    dtype = torch.float32
     if model.path:
         return transformers.AutoModelForCausalLM.from_pretrained(model.path, dtype=dtype).to(device_of(model))
     vocab = model.vocab_size or len(tokenizer if tokenizer is not None else build_tokenizer(model))
     if tokenizer is not None and vocab < len(tokenizer):
         raise ValueError(f"model.vocab_size={vocab} is smaller than the tokenizer's {len(tokenizer)} tokens")
     config = transformers.LlamaConfig(
-        vocab_size=vocab, hidden_size=model.hidden_size, intermediate_size=4 * model.hidden_size,
+        vocab_size=vocab, hidden_size=model.hidden_size,
+        intermediate_size=model.get("intermediate_size", 0) or 4 * model.hidden_size,
         num_hidden_layers=model.num_layers, num_attention_heads=model.num_heads, num_key_value_heads=model.num_heads,
         max_position_embeddings=4096, tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
-    return transformers.LlamaForCausalLM(config).to(dtype=dtype, device=device_of(model))
+    with torch.device(device_of(model)):  # made where it runs (no CPU copy of a GPU model first)
+        return transformers.LlamaForCausalLM(config).to(dtype=dtype)
 
 
 def completion_logprobs(model: torch.nn.Module, prompt_tokens: torch.Tensor, prompt_mask: torch.Tensor,
                         tokens: torch.Tensor, lengths: torch.Tensor, head: Callable,
-                        temperature: float = 1.0) -> torch.Tensor:
+                        temperature: float = 1.0, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """log pi(tokens[i, t] | prompt_i, tokens[i, :t]) for t < lengths[i]; [N, T] float32 (0 past the length).
 
     prompt_tokens [N, P] left-padded (prompt_mask marks the real ones); tokens [N, T] right-padded to `lengths`.
     Injected tokens are part of the context like any other; the loss mask keeps them out of the loss.
     With a sampling temperature, the log-probs are those of the tempered distribution the generator sampled from.
+    The decoder runs under `autocast(compute_dtype)`; the head in the precision option's dtype.
     """
     N, P = prompt_tokens.shape
     T = tokens.shape[1]
     inside = torch.arange(T, device=tokens.device)[None, :] < lengths[:, None]
     attention = torch.cat([prompt_mask, inside], dim=1)
     positions = (attention.long().cumsum(dim=1) - 1).clamp(min=0)
-    hidden = model.get_decoder()(input_ids=torch.cat([prompt_tokens, tokens], dim=1), attention_mask=attention.long(),
-                                 position_ids=positions).last_hidden_state
+    with autocast(tokens.device, compute_dtype):
+        hidden = model.get_decoder()(input_ids=torch.cat([prompt_tokens, tokens], dim=1),
+                                     attention_mask=attention.long(), position_ids=positions).last_hidden_state
     predicting = hidden[:, P - 1:P - 1 + T]  # the state at position p predicts the token at p + 1
     lm_head = model.get_output_embeddings()
     bias = lm_head.bias

@@ -111,9 +111,10 @@ class Model:
     path: str | None = None  # local path or hub name; None builds the tiny model from the fields below
     vocab_size: int = 0  # the tiny model's vocabulary: 0 = the tokenizer's size
     hidden_size: int = 64
+    intermediate_size: int = 0  # the MLP's width: 0 = 4 x hidden_size
     num_layers: int = 2
     num_heads: int = 4
-    dtype: str = "bfloat16"
+    dtype: str = "bfloat16"  # the compute dtype (autocast; the generator's weights); trainer weights stay fp32
     device: str = "auto"  # cuda when there is one, else cpu; or any torch device
 
 
@@ -163,6 +164,8 @@ class HFGenerator(Generator):
 @dataclass
 class VLLMGenerator(HFGenerator):
     gpu_memory_utilization: float = 0.5  # vLLM's share of the GPU; the trainer shares it
+    kv_cache_gib: float | None = None  # the KV cache's size, set directly (on a CPU: vLLM's share of memory)
+    enforce_eager: bool = False  # no torch.compile nor CUDA graphs: starts in seconds, decodes slower on a GPU
 
 
 @dataclass
@@ -223,7 +226,9 @@ class Train:
     steps: int = 1600  # paper: ~16k GPU-hours for a LOO run
     val_every: int = 100
     log_every: int = 1  # metric points are buffered and flushed in batches; this thins them
-    micro_batch_size: int = 8
+    micro_batch_size: int = 8  # rows per forward/backward (gradients accumulate over a step's micro-batches)
+    micro_batch_tokens: int = 0  # and at most about this many tokens, padded (0: rows alone decide)
+    activation_checkpointing: bool = False  # recompute each decoder layer in the backward: less memory, more time
     checkpoint_every: int = 100  # steps; a killed or preempted run resumes from its last checkpoint
 
 

@@ -23,7 +23,7 @@ from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from ablate.config import flatten
-from ablate.policy import build_policy, build_tokenizer, completion_logprobs
+from ablate.policy import build_policy, build_tokenizer, completion_logprobs, compute_dtype
 from ablate.registry import build
 from ablate.rl.aggregation import token_weights
 from ablate.rollouts import Rollouts
@@ -40,7 +40,9 @@ class Learner:
 
     Each piece is the function its config option names (normalization, loss, aggregation, precision). The
     aggregation's token weights are taken once on the whole batch, so micro-batches with gradient accumulation give
-    the whole batch's gradient exactly.
+    the whole batch's gradient exactly, however the rows are grouped: rows are grouped by length
+    (`micro_batches`) and each micro-batch is cut to its own longest row, so no compute goes to padding beyond it.
+    The weights and AdamW's state are fp32; the decoder computes in `model.dtype` (ablate/policy.py).
     """
 
     def __init__(self, cfg: DictConfig, policy: torch.nn.Module | None = None):
@@ -48,10 +50,14 @@ class Learner:
         self.policy.train()
         self.normalize, self.loss = build(cfg.normalization), build(cfg.loss)
         self.aggregate, self.head = build(cfg.aggregation), build(cfg.precision)
-        self.micro_batch = cfg.train.micro_batch_size
+        self.compute_dtype = compute_dtype(cfg.model)
+        self.micro_batch, self.micro_tokens = cfg.train.micro_batch_size, cfg.train.micro_batch_tokens
         self.temperature = float(cfg.generation.temperature)
+        if cfg.train.activation_checkpointing:  # recompute each decoder layer in the backward: memory for time
+            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.optim.lr, eps=cfg.optim.eps,
-                                           betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay)
+                                           betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay,
+                                           fused=True)
         warmup = max(cfg.optim.warmup_steps, 1)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
 
@@ -65,13 +71,15 @@ class Learner:
             adv[keep] = self.normalize(rewards[keep], ro.group[keep])
         weights = token_weights(self.aggregate, mask, ro.group)
         total = 0.0
-        for start in range(0, ro.n, self.micro_batch):
-            rows = slice(start, start + self.micro_batch)
-            if not mask[rows].any():
-                continue
-            logp = completion_logprobs(self.policy, ro.prompt_tokens[rows], ro.prompt_mask[rows], ro.tokens[rows],
-                                       ro.lengths[rows], self.head, temperature=self.temperature)
-            part = (self.loss(logp, ro.gen_logprobs[rows], adv[rows], mask[rows]) * weights[rows]).sum()
+        prompt_lengths = ro.prompt_mask.sum(dim=1)
+        for rows in micro_batches(prompt_lengths + ro.lengths, mask.any(dim=1), self.micro_batch, self.micro_tokens):
+            P, T = int(prompt_lengths[rows].max()), max(int(ro.lengths[rows].max()), 1)
+            prompt = slice(ro.prompt_tokens.shape[1] - P, None)  # prompts are left-padded, completions right-padded
+            logp = completion_logprobs(self.policy, ro.prompt_tokens[rows, prompt], ro.prompt_mask[rows, prompt],
+                                       ro.tokens[rows, :T], ro.lengths[rows], self.head, temperature=self.temperature,
+                                       compute_dtype=self.compute_dtype)
+            per_token = self.loss(logp, ro.gen_logprobs[rows, :T], adv[rows], mask[rows, :T])
+            part = (per_token * weights[rows, :T]).sum()
             part.backward()
             total += part.item()
         if not math.isfinite(total):
@@ -82,6 +90,26 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         return {"loss/policy": total, "train/adv_abs_mean": float(adv[keep].abs().mean()) if keep.any() else 0.0,
                 "train/lr": lr}
+
+
+def micro_batches(lengths: torch.Tensor, trained: torch.Tensor, max_rows: int, max_tokens: int = 0
+                  ) -> list[torch.Tensor]:
+    """The rows to train [N] in micro-batches of similar lengths: longest first, each micro-batch at most `max_rows`
+    rows and (when max_tokens > 0) at most about `max_tokens` tokens once padded to its longest row (a row longer than
+    that goes alone). lengths [N]: tokens of each row (prompt + completion); trained [N]: rows with a token in the
+    loss (the others are skipped). Returns index tensors on the rows' device."""
+    order = torch.argsort(lengths, descending=True, stable=True)
+    order = order[trained[order]]
+    batches, start = [], 0
+    for i, size in enumerate(lengths[order].tolist()):
+        if i == start:
+            width = size  # the longest row of the micro-batch: its padded width
+        elif i - start == max_rows or (max_tokens > 0 and (i + 1 - start) * width > max_tokens):
+            batches.append(order[start:i])
+            start, width = i, size
+    if start < len(order):
+        batches.append(order[start:])
+    return batches
 
 
 class PromptSampler:
@@ -213,7 +241,8 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
         key = {"model": OmegaConf.to_container(cfg.model), "task": OmegaConf.to_container(cfg.task),
                "seed": cfg.seed}  # the seed made the initial weights
         cached_warm_start(policy, task, Path(cfg.paths.cache), key, steps=cfg.task.warm_start_steps,
-                          lr=cfg.task.warm_start_lr, batch_size=cfg.task.warm_start_batch)
+                          lr=cfg.task.warm_start_lr, batch_size=cfg.task.warm_start_batch,
+                          compute_dtype=compute_dtype(cfg.model))
     prompt_filter, length_control = build(cfg.filtering), build(cfg.length_control)
     learner = Learner(cfg, policy)
     sampler = PromptSampler(task.size("train"), cfg.seed, prompt_filter)

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from ablate import tracking
 from ablate.config import compose
 from ablate.registry import build
-from ablate.trainer import Learner, train
+from ablate.trainer import Learner, micro_batches, train
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 pytestmark = pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
@@ -51,20 +51,47 @@ def test_the_learner_calls_the_configured_functions():
     assert learner.loss.keywords == {"eps_low": 3e-3, "eps_high": 5e-3}
 
 
+def _gradient(cfg, ro, rewards, **learner_settings) -> torch.Tensor:
+    learner = Learner(cfg)  # the same seed: the same initial policy
+    for name, value in learner_settings.items():
+        setattr(learner, name, value)
+    learner.optimizer.step = lambda: None  # keep the gradient to compare it
+    learner.optimizer.zero_grad = lambda set_to_none=True: None
+    learner.step(ro, rewards, torch.ones(ro.n, dtype=torch.bool))
+    return torch.cat([p.grad.flatten() for p in learner.policy.parameters()])
+
+
 def test_micro_batching_in_the_learner_gives_the_whole_batch_gradient():
     cfg = OmegaConf.create(OmegaConf.to_container(compose(["generator=mock"]), resolve=True, enum_to_str=True))
     ro = build(cfg.generator, cfg=cfg).rollouts(list(range(8)), 0, compute=2000.0)
     rewards = torch.arange(ro.n, dtype=torch.float32) % 3  # every prompt has reward variance
-    grads = []
-    for micro in (ro.n, 5):  # the whole batch at once; micro-batches of 5 that split prompts
-        learner = Learner(cfg)  # the same seed: the same initial policy
-        learner.micro_batch = micro
-        learner.optimizer.step = lambda: None  # keep the gradient to compare it
-        learner.optimizer.zero_grad = lambda set_to_none=True: None
-        learner.step(ro, rewards, torch.ones(ro.n, dtype=torch.bool))
-        grads.append(torch.cat([p.grad.flatten() for p in learner.policy.parameters()]))
-    assert grads[0].abs().sum() > 0
-    assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-8)
+    whole = _gradient(cfg, ro, rewards, micro_batch=ro.n)
+    assert whole.abs().sum() > 0
+    # micro-batches of 5 rows, split across prompts; then of at most 120 padded tokens, cut to their longest row
+    assert ro.lengths.max() + ro.prompt_mask.sum(1).max() < 120 < ro.n * ro.tokens.shape[1]
+    for settings in ({"micro_batch": 5}, {"micro_batch": ro.n, "micro_tokens": 120}):
+        assert torch.allclose(_gradient(cfg, ro, rewards, **settings), whole, rtol=1e-4, atol=1e-8), settings
+
+
+def test_micro_batches_take_rows_longest_first_within_the_row_and_token_caps():
+    lengths = torch.tensor([5, 9, 2, 9, 7, 1])
+    trained = torch.tensor([True, True, True, True, True, False])  # row 5 has nothing in the loss
+    as_lists = lambda batches: [b.tolist() for b in batches]  # noqa: E731
+    assert as_lists(micro_batches(lengths, trained, max_rows=2)) == [[1, 3], [4, 0], [2]]
+    # 20 tokens: two rows of 9 (18) fit, a third does not (27); then 7 + 5 padded to 7 (14), a third 21
+    assert as_lists(micro_batches(lengths, trained, max_rows=10, max_tokens=20)) == [[1, 3], [4, 0], [2]]
+    assert as_lists(micro_batches(lengths, trained, max_rows=10, max_tokens=8)) == [[1], [3], [4], [0], [2]]
+    assert as_lists(micro_batches(lengths, trained, max_rows=10, max_tokens=100)) == [[1, 3, 4, 0, 2]]
+    assert micro_batches(lengths, torch.zeros(6, dtype=torch.bool), max_rows=4) == []
+
+
+def test_activation_checkpointing_gives_the_same_gradient():
+    plain = OmegaConf.create(OmegaConf.to_container(compose(["generator=mock"]), resolve=True, enum_to_str=True))
+    ro = build(plain.generator, cfg=plain).rollouts(list(range(4)), 0, compute=2000.0)
+    rewards = torch.arange(ro.n, dtype=torch.float32) % 3
+    checkpointed = OmegaConf.merge(plain, {"train": {"activation_checkpointing": True}})
+    assert Learner(checkpointed).policy.is_gradient_checkpointing
+    torch.testing.assert_close(_gradient(checkpointed, ro, rewards), _gradient(plain, ro, rewards))
 
 
 def test_the_math_task_runs_through_the_trainer_with_its_answer_checking(tmp_path, mlflow_uri):

@@ -8,8 +8,10 @@ and every token records the version that sampled it.
 A row thinks until it emits `</think>`. Under an interruption budget, a row still thinking after `budget` tokens
 gets the phrase's tokens forced in (recorded, masked out of the loss), then at most max_answer_tokens more; without
 a budget a row is cut (truncated) at max_think + max_answer sampled tokens. A row ends at an end-of-sequence token.
-The LM head runs in `head_dtype` (fp32 when the precision option says so on the generator side); the recorded
-log-prob is that of the token under the distribution it was sampled from.
+The decoder computes in `compute_dtype` (autocast: the engine's own copy of the weights is already in it; the
+trainer's fp32 policy, sampled for validation, computes as the trainer does). The LM head runs in `head_dtype`
+(fp32 when the precision option says so on the generator side), outside autocast; the recorded log-prob is that of
+the token under the distribution it was sampled from.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
+
+from ablate.policy import autocast
 
 
 @dataclass
@@ -102,11 +106,13 @@ class Engine:
     """Decode loop over `model` (its own copy of the weights, or the trainer's for validation)."""
 
     def __init__(self, model: torch.nn.Module, limits: Limits, *, head_dtype: torch.dtype, temperature: float,
-                 pad_id: int, seed: int, version: int = 0):
+                 pad_id: int, seed: int, version: int = 0, compute_dtype: torch.dtype = torch.float32):
         self.model, self.limits = model, limits
-        self.head_dtype, self.temperature, self.pad_id = head_dtype, temperature, pad_id
+        self.head_dtype, self.compute_dtype = head_dtype, compute_dtype
+        self.temperature, self.pad_id = temperature, pad_id
         self.version = version
         self.device = next(model.parameters()).device
+        self.weights_dtype = next(model.parameters()).dtype  # what `load` copies into
         self.rng = torch.Generator(device=self.device)
         self.rng.manual_seed(seed)
         self.waves: list[_Wave] = []
@@ -179,8 +185,9 @@ class Engine:
 
     def _forward(self, wave: _Wave, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         positions = (attention.cumsum(dim=1) - 1).clamp(min=0)[:, -ids.shape[1]:]
-        out = self.model.get_decoder()(input_ids=ids, attention_mask=attention, position_ids=positions,
-                                       past_key_values=wave.cache, use_cache=True)
+        with autocast(self.device, self.compute_dtype):
+            out = self.model.get_decoder()(input_ids=ids, attention_mask=attention, position_ids=positions,
+                                           past_key_values=wave.cache, use_cache=True)
         return out.last_hidden_state[:, -1]
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from ablate.generators.engine import Engine, Limits
 from ablate.generators.pipeline import Pipeline
+from ablate.policy import compute_dtype
 from ablate.registry import build
 from ablate.tasks.base import THINK_END
 
@@ -40,8 +41,8 @@ class HFGenerator(Pipeline):
         self.cfg = cfg
         length_control = build(cfg.length_control)
         self.limits = limits_for(cfg, task.tokenizer, length_control)
-        self.engine_args = {"head_dtype": head_dtype(cfg), "temperature": float(cfg.generation.temperature),
-                            "pad_id": task.tokenizer.pad_token_id}
+        self.engine_args = {"head_dtype": head_dtype(cfg), "compute_dtype": compute_dtype(cfg.model),
+                            "temperature": float(cfg.generation.temperature), "pad_id": task.tokenizer.pad_token_id}
         engine = self.make_engine(policy, task.tokenizer)
         super().__init__(engine, task, sampler, build(cfg.off_policy), length_control,
                          prompts_per_step=int(cfg.batch.prompts_per_step),
@@ -51,8 +52,9 @@ class HFGenerator(Pipeline):
         self.devices = torch.cuda.device_count() if engine.device.type == "cuda" else 1
 
     def make_engine(self, policy: torch.nn.Module, tokenizer) -> Engine:
-        """The engine that decodes the pipeline's rows: ours, on its own copy of the policy."""
-        return Engine(copy.deepcopy(policy).eval(), self.limits, seed=self.cfg.seed, **self.engine_args)
+        """The engine that decodes the pipeline's rows: ours, on its own copy of the policy in the compute dtype."""
+        model = copy.deepcopy(policy).to(self.engine_args["compute_dtype"]).eval()
+        return Engine(model, self.limits, seed=self.cfg.seed, **self.engine_args)
 
     def describe(self) -> dict:
         return {"generator.devices": self.devices}

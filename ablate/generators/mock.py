@@ -158,19 +158,24 @@ class MockGenerator:
         logprobs = np.where(mask, -self.rng.exponential(0.7, size=(N, T)), 0.0)
 
         prompt_tokens = np.repeat(np.stack([self._prompt(p) for p in prompt_ids]), G, axis=0)
+        host = torch.device("cpu")  # made from numpy, on the host: the learner moves them to its device
+
+        def tensor(array, dtype=None) -> torch.Tensor:
+            return torch.as_tensor(array, dtype=dtype, device=host)
+
         return Rollouts(
-            prompt_ids=torch.as_tensor(np.repeat(prompt_ids, G), dtype=torch.int64),
-            group=torch.arange(P).repeat_interleave(G),
-            prompt_tokens=torch.as_tensor(prompt_tokens, dtype=torch.int64),
-            prompt_mask=torch.ones(prompt_tokens.shape, dtype=torch.bool),
-            tokens=torch.as_tensor(tokens, dtype=torch.int64),
-            mask=torch.as_tensor(mask),
-            gen_logprobs=torch.as_tensor(logprobs, dtype=torch.float32),
-            versions=torch.as_tensor(self._versions(step, lengths, T), dtype=torch.int64),
-            lengths=torch.as_tensor(lengths, dtype=torch.int64),
-            rewards=torch.as_tensor(correct, dtype=torch.float32),
-            correct=torch.as_tensor(correct),
-            truncated=torch.as_tensor(truncated),
+            prompt_ids=tensor(np.repeat(prompt_ids, G), torch.int64),
+            group=tensor(np.repeat(np.arange(P), G), torch.int64),
+            prompt_tokens=tensor(prompt_tokens, torch.int64),
+            prompt_mask=tensor(np.ones(prompt_tokens.shape, dtype=bool)),
+            tokens=tensor(tokens, torch.int64),
+            mask=tensor(mask),
+            gen_logprobs=tensor(logprobs, torch.float32),
+            versions=tensor(self._versions(step, lengths, T), torch.int64),
+            lengths=tensor(lengths, torch.int64),
+            rewards=tensor(correct, torch.float32),
+            correct=tensor(correct),
+            truncated=tensor(truncated),
         )
 
     def _prompt(self, prompt_id: int) -> np.ndarray:

@@ -59,7 +59,8 @@ class Pipeline:
                 if isinstance(self.error, FloatingPointError):  # diverged weights: the trainer says so
                     raise FloatingPointError(str(self.error)) from self.error
                 if self.error is not None:
-                    raise RuntimeError("the generator failed") from self.error
+                    raise RuntimeError(f"the generator failed: {type(self.error).__name__}: {self.error}") \
+                        from self.error
                 if self.thread is None:
                     self._advance()
                 else:
@@ -72,8 +73,10 @@ class Pipeline:
     def publish(self, policy: torch.nn.Module, version: int) -> None:
         """The weights after optimizer step `version`; the engine takes them between two decode steps."""
         state = policy.state_dict()
-        if self.thread is not None:  # the trainer goes on changing its tensors meanwhile
-            state = {name: tensor.detach().clone() for name, tensor in state.items()}
+        if self.thread is not None:  # the trainer goes on changing its tensors meanwhile: a copy, in the engine's
+            dtype = self.engine.weights_dtype  # dtype (half the fp32 masters' memory in bf16)
+            state = {name: tensor.detach().to(dtype if tensor.is_floating_point() else tensor.dtype, copy=True)
+                     for name, tensor in state.items()}
         with self.lock:
             self.pending = (state, version)
             self.lock.notify_all()
@@ -184,7 +187,7 @@ class Pipeline:
     def _rollouts(self, prompts: list[int], rows: list[Sequence]) -> Rollouts:
         order = {index: position for position, index in enumerate(prompts)}
         rows = sorted(rows, key=lambda r: order[r.prompt_index])  # stable: a prompt's G samples stay in order
-        correct = torch.tensor([self._passed("train", r) for r in rows])
+        correct = torch.tensor([self._passed("train", r) for r in rows], device=torch.device("cpu"))
         return assemble(rows, correct, group=[order[r.prompt_index] for r in rows], pad_id=self.tok.pad_token_id)
 
     def _passed(self, split: str, row: Sequence) -> bool:
@@ -195,28 +198,30 @@ class Pipeline:
 
 
 def assemble(rows: list[Sequence], correct: torch.Tensor, group: list[int], pad_id: int) -> Rollouts:
-    """Rows -> padded tensors: prompts left-padded, completions right-padded."""
-    N = len(rows)
+    """Rows -> padded tensors on the host (the learner moves them to its device): prompts left-padded,
+    completions right-padded."""
+    N, host = len(rows), torch.device("cpu")
     Tp = max(len(r.prompt_ids) for r in rows)
     T = max(max(len(r.tokens) for r in rows), 1)
-    prompt_tokens = torch.full((N, Tp), pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros((N, Tp), dtype=torch.bool)
-    tokens = torch.full((N, T), pad_id, dtype=torch.long)
-    mask = torch.zeros((N, T), dtype=torch.bool)
-    logprobs = torch.zeros((N, T))
-    versions = torch.zeros((N, T), dtype=torch.long)
+    prompt_tokens = torch.full((N, Tp), pad_id, dtype=torch.long, device=host)
+    prompt_mask = torch.zeros((N, Tp), dtype=torch.bool, device=host)
+    tokens = torch.full((N, T), pad_id, dtype=torch.long, device=host)
+    mask = torch.zeros((N, T), dtype=torch.bool, device=host)
+    logprobs = torch.zeros((N, T), device=host)
+    versions = torch.zeros((N, T), dtype=torch.long, device=host)
     for i, r in enumerate(rows):
         n = len(r.tokens)
-        prompt_tokens[i, Tp - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+        prompt_tokens[i, Tp - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, device=host)
         prompt_mask[i, Tp - len(r.prompt_ids):] = True
         if n:
-            tokens[i, :n] = torch.tensor(r.tokens)
-            mask[i, :n] = torch.tensor(r.sampled)
-            logprobs[i, :n] = torch.tensor(r.logprobs)
-            versions[i, :n] = torch.tensor(r.versions)
+            tokens[i, :n] = torch.tensor(r.tokens, device=host)
+            mask[i, :n] = torch.tensor(r.sampled, device=host)
+            logprobs[i, :n] = torch.tensor(r.logprobs, device=host)
+            versions[i, :n] = torch.tensor(r.versions, device=host)
             versions[i, n:] = r.versions[-1]
     return Rollouts(
-        prompt_ids=torch.tensor([r.prompt_index for r in rows]), group=torch.tensor(group),
-        prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens, mask=mask, gen_logprobs=logprobs,
-        versions=versions, lengths=torch.tensor([len(r.tokens) for r in rows]),
-        rewards=correct.float(), correct=correct, truncated=torch.tensor([r.truncated for r in rows]))
+        prompt_ids=torch.tensor([r.prompt_index for r in rows], device=host),
+        group=torch.tensor(group, device=host), prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens,
+        mask=mask, gen_logprobs=logprobs, versions=versions,
+        lengths=torch.tensor([len(r.tokens) for r in rows], device=host), rewards=correct.float(),
+        correct=correct.to(host), truncated=torch.tensor([r.truncated for r in rows], device=host))

@@ -18,9 +18,10 @@ def _group_stats(rewards: torch.Tensor, group: torch.Tensor) -> tuple[torch.Tens
     """Per sample: its group's mean reward, its group's unbiased std (0 for a group of one), its group's size."""
     n_groups = int(group.max()) + 1 if group.numel() else 0
     r = rewards.to(torch.float64)
-    count = torch.zeros(n_groups, dtype=torch.float64).index_add(0, group, torch.ones_like(r))
-    mean = torch.zeros(n_groups, dtype=torch.float64).index_add(0, group, r) / count.clamp(min=1)
-    sq = torch.zeros(n_groups, dtype=torch.float64).index_add(0, group, (r - mean[group]) ** 2)
+    zeros = torch.zeros(n_groups, dtype=torch.float64, device=rewards.device)
+    count = zeros.index_add(0, group, torch.ones_like(r))
+    mean = zeros.index_add(0, group, r) / count.clamp(min=1)
+    sq = zeros.index_add(0, group, (r - mean[group]) ** 2)
     std = torch.sqrt(sq / (count - 1).clamp(min=1))
     return mean[group], std[group], count[group]
 

@@ -13,8 +13,9 @@ def zero_variance(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     ScaleRL (and PipelineRL, prime-rl) drop such prompts from the loss without resampling (verl resamples).
     """
     n_groups = int(group.max()) + 1 if group.numel() else 0
-    lo = torch.full((n_groups,), float("inf"), dtype=rewards.dtype).scatter_reduce(0, group, rewards, "amin")
-    hi = torch.full((n_groups,), float("-inf"), dtype=rewards.dtype).scatter_reduce(0, group, rewards, "amax")
+    lo = torch.full((n_groups,), float("inf"), dtype=rewards.dtype, device=rewards.device)
+    hi = torch.full((n_groups,), float("-inf"), dtype=rewards.dtype, device=rewards.device)
+    lo, hi = lo.scatter_reduce(0, group, rewards, "amin"), hi.scatter_reduce(0, group, rewards, "amax")
     return (hi > lo)[group]
 
 

@@ -26,7 +26,7 @@ class Truncation:
         return None
 
     def reward_shaping(self, lengths: torch.Tensor, l_max: int) -> torch.Tensor:
-        return torch.zeros(lengths.shape, dtype=torch.float32)
+        return torch.zeros(lengths.shape, dtype=torch.float32, device=lengths.device)
 
 
 class Interruption(Truncation):

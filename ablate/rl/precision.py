@@ -5,7 +5,8 @@
 The logits are computed chunk by chunk (`chunk_size` rows at a time) under activation checkpointing: neither the
 forward nor the backward ever holds more than one chunk's [chunk_size, V] logits, instead of the whole [N, T, V]
 (at V = 128k and 16k tokens that is 8 GB in fp32). The log-softmax itself is always taken in fp32; what the option
-decides is the precision of the head's matmul, i.e. of the logits.
+decides is the precision of the head's matmul, i.e. of the logits, and autocast (the decoder's bf16 compute) is
+switched off here so that it cannot override it.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from torch.utils.checkpoint import checkpoint
 
 def _chunk(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], targets: torch.Tensor,
            dtype: torch.dtype) -> torch.Tensor:
-    logits = hidden.to(dtype) @ weight.to(dtype).T
-    if bias is not None:
-        logits = logits + bias.to(dtype)
-    logits = logits.float()
+    with torch.autocast(hidden.device.type, enabled=False):
+        logits = hidden.to(dtype) @ weight.to(dtype).T
+        if bias is not None:
+            logits = logits + bias.to(dtype)
+        logits = logits.float()
     return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 

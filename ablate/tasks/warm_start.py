@@ -16,10 +16,13 @@ from pathlib import Path
 
 import torch
 
+from ablate.policy import autocast
 
-def warm_start(policy: torch.nn.Module, task, *, steps: int, lr: float, batch_size: int) -> list[float]:
+
+def warm_start(policy: torch.nn.Module, task, *, steps: int, lr: float, batch_size: int,
+               compute_dtype: torch.dtype = torch.float32) -> list[float]:
     """Train `policy` in place on the task's warm-start examples (a fixed stream: nothing here is random); returns
-    the loss of each step."""
+    the loss of each step. Its weights stay fp32; the forward computes in `compute_dtype` (as RL will)."""
     tok = task.tokenizer
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
     device = next(policy.parameters()).device
@@ -39,7 +42,8 @@ def warm_start(policy: torch.nn.Module, task, *, steps: int, lr: float, batch_si
         target = torch.tensor([r + [-100] * (width - len(r)) for r in labels], device=device)
         attention = (torch.arange(width, device=device)[None, :] < torch.tensor([len(r) for r in rows],
                                                                                 device=device)[:, None]).long()
-        loss = policy(input_ids=ids, attention_mask=attention, labels=target).loss
+        with autocast(device, compute_dtype):
+            loss = policy(input_ids=ids, attention_mask=attention, labels=target).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
