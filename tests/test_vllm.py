@@ -198,3 +198,19 @@ def test_a_short_generator_vllm_run_learns(tmp_path, mlflow_uri):
     assert state.step == 160 and client.get_run(run_id).info.status == "FINISHED"
     curve = [m.value for m in sorted(client.get_metric_history(run_id, "val/pass_rate"), key=lambda m: m.step)]
     assert curve[-1] > curve[0] + 0.1, curve
+
+
+def test_generator_vllm_decoding_in_its_own_thread_keeps_the_staleness_bound(tmp_path, mlflow_uri):
+    """generator=vllm's default: vLLM steps in the generator thread while the trainer trains; weights land between
+    two of its steps, mid-generation, and no trained token is more than k steps old."""
+    cfg = compose(["generator=vllm", "generator.concurrent=true", "generator.enforce_eager=true",
+                   "generator.kv_cache_gib=0.25", f"model.dtype={str(DTYPE).removeprefix('torch.')}",
+                   "model.num_heads=2", f"model.device={DEVICE.type}", "off_policy.k=2", "train.steps=20",
+                   "train.val_every=20", "task.n_val_prompts=8", f"paths.outputs={tmp_path}"])
+    client = tracking.client(mlflow_uri)
+    run_id = tracking.create_variant_run(client, tracking.experiment_id(client, "vllm"), "scalerl", {})
+    seen = []
+    train(cfg, run_id, mlflow_uri, progress=lambda step, total, metrics: seen.append(metrics))
+    assert len(seen) == 20 and client.get_run(run_id).info.status == "FINISHED"
+    assert max(m["train/staleness_max"] for m in seen) <= 2
+    assert max(m["train/staleness_max"] for m in seen) >= 1  # the generator ran ahead of the trainer
