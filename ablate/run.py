@@ -102,7 +102,8 @@ def run_single(cfg: DictConfig, overrides: Sequence[str]) -> int:
     if state.diverged:
         print(f"diverged at step {state.step + 1}: the run is marked ablate.diverged=true and FAILED")
         return 1
-    print(f"done: {state.step} steps, {state.gpu_hours:,.1f} GPU-hours")
+    print(f"done: {state.step} steps, {state.gpu_hours:,.1f} GPU-hours" + (f" ({state.stopped})" if state.stopped
+                                                                           else ""))
     return 0
 
 

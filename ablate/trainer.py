@@ -27,6 +27,7 @@ from ablate.policy import build_policy, build_tokenizer, completion_logprobs, co
 from ablate.registry import build
 from ablate.rl.aggregation import token_weights
 from ablate.rollouts import Rollouts
+from ablate.tasks.base import PromptsExhausted
 from ablate.tasks.warm_start import cached_warm_start
 from ablate.tracking import RunLogger
 
@@ -114,10 +115,13 @@ def micro_batches(lengths: torch.Tensor, trained: torch.Tensor, max_rows: int, m
 
 class PromptSampler:
     """Epochs over the task's training prompts in a seeded random order, skipping prompts the filter retired.
-    Thread-safe: a concurrent generator draws prompts while the trainer records pass rates."""
+    Thread-safe: a concurrent generator draws prompts while the trainer records pass rates.
 
-    def __init__(self, n_prompts: int, seed: int, prompt_filter):
-        self.n, self.filter = n_prompts, prompt_filter
+    When the filter has retired every prompt, `more()` (the task's `more_train`) adds fresh ones; a task with no
+    more raises PromptsExhausted, and the trainer ends the run there, cleanly."""
+
+    def __init__(self, n_prompts: int, seed: int, prompt_filter, more: Callable[[], int] = lambda: 0):
+        self.n, self.filter, self.more = n_prompts, prompt_filter, more
         self.rng = np.random.default_rng(seed)
         self.epoch: list[int] = []
         self.lock = threading.Lock()
@@ -128,10 +132,21 @@ class PromptSampler:
             while len(batch) < count:
                 if not self.epoch:
                     self.epoch = self.filter.sampleable(self.rng.permutation(self.n).tolist())
-                    if not self.epoch:
-                        raise RuntimeError("No-Positive-Resampling retired every training prompt: nothing left")
+                    while not self.epoch:
+                        added = self.more()
+                        if not added:
+                            raise PromptsExhausted(f"No-Positive-Resampling retired all {self.n} training prompts "
+                                                   "and the task has no more")
+                        self.epoch = self.filter.sampleable(self.rng.permutation(range(self.n, self.n + added))
+                                                            .tolist())
+                        self.n += added
                 batch.append(self.epoch.pop())
         return batch
+
+    def available(self) -> int:
+        """Training prompts the filter has not retired."""
+        with self.lock:
+            return self.n - len(self.filter.retired())
 
     def observe(self, prompt_ids: torch.Tensor, correct: torch.Tensor) -> None:
         with self.lock:
@@ -139,10 +154,15 @@ class PromptSampler:
 
     def state_dict(self) -> dict:
         with self.lock:
-            return {"rng": self.rng.bit_generator.state, "epoch": list(self.epoch),
+            return {"rng": self.rng.bit_generator.state, "epoch": list(self.epoch), "n": self.n,
                     "filter": self.filter.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        while self.n < state.get("n", self.n):  # the fresh prompts the run had drawn: drawn again, the same
+            added = self.more()
+            if not added:
+                raise RuntimeError(f"the checkpoint has {state['n']} training prompts; the task gives {self.n}")
+            self.n += added
         self.rng.bit_generator.state = state["rng"]
         self.epoch = list(state["epoch"])
         self.filter.load_state_dict(state["filter"])
@@ -154,6 +174,7 @@ class RunState:
     gpu_hours: float = 0.0  # device-hours so far, across restarts
     flops: float = 0.0
     diverged: bool = False
+    stopped: str = ""  # why the run ended before its last step, other than diverging (no training prompts left)
 
 
 class PreemptionNotice:
@@ -245,7 +266,7 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
                           compute_dtype=compute_dtype(cfg.model))
     prompt_filter, length_control = build(cfg.filtering), build(cfg.length_control)
     learner = Learner(cfg, policy)
-    sampler = PromptSampler(task.size("train"), cfg.seed, prompt_filter)
+    sampler = PromptSampler(task.size("train"), cfg.seed, prompt_filter, more=task.more_train)
     generator = build(cfg.generator, cfg=cfg, task=task, sampler=sampler, policy=learner.policy)
     checkpoint = Checkpoint(folder)
     state = RunState()
@@ -278,6 +299,11 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
                 keep = prompt_filter.keep(rewards, rollouts.group)
                 sampler.observe(rollouts.prompt_ids, rollouts.correct)
                 update = learner.step(rollouts, rewards, keep)
+            except PromptsExhausted as err:  # a finite data set that NPR used up: the run ends here, saying so
+                state.stopped = f"stopped after step {step - 1} of {cfg.train.steps}: {err}"
+                tracker.set_tags({"ablate.stopped_early": state.stopped})
+                print(f"run {run_id} {state.stopped}", file=sys.stderr, flush=True)
+                break
             except FloatingPointError as err:  # a non-finite loss, or logits of weights that went non-finite
                 state.diverged = True
                 tracker.set_tags({"ablate.diverged": "true", "ablate.diverged_step": str(step)})
@@ -298,6 +324,7 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
                 "train/truncation_rate": float(rollouts.truncated.float().mean()),
                 "train/zero_variance_frac": 1.0 - float(keep.float().mean()),
                 "train/npr_dropped": float(len(prompt_filter.retired())),
+                "train/prompts_available": float(sampler.available()),
                 "train/completion_tokens": float(rollouts.lengths.float().mean()),
                 **update,
                 **_staleness(rollouts, step - 1),

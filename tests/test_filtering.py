@@ -51,3 +51,82 @@ def test_interruption_budget_is_drawn_in_its_range():
     budgets = [ctl.think_budget(np.random.default_rng(i), 12288) for i in range(300)]
     assert min(budgets) >= 10240 and max(budgets) <= 12288 and len(set(budgets)) > 100
     assert Truncation().think_budget(np.random.default_rng(0), 12288) is None
+
+
+# ------------------------------------------------------------------------ No-Positive-Resampling never ends a run badly
+def _retire_all(sampler, prompt_ids):
+    """Every prompt passed on every sample: NPR retires them all."""
+    sampler.observe(torch.tensor(prompt_ids), torch.ones(len(prompt_ids), dtype=torch.bool))
+
+
+def test_when_npr_retired_every_prompt_a_synthetic_task_draws_fresh_ones_the_same_after_a_resume():
+    from ablate.config import compose
+    from ablate.policy import build_tokenizer
+    from ablate.registry import build
+    from ablate.trainer import PromptSampler
+
+    cfg = compose(["task.n_train_prompts=6", "task.n_val_prompts=4"])
+
+    def fresh():
+        task = build(cfg.task, tokenizer=build_tokenizer(cfg.model), seed=0)
+        return task, PromptSampler(task.size("train"), 0, PromptFilter(), more=task.more_train)
+
+    task, sampler = fresh()
+    first = sampler.next(6)
+    assert sorted(first) == list(range(6))  # one epoch: the 6 prompts
+    _retire_all(sampler, first)
+    second = sampler.next(4)  # nothing left: 6 fresh prompts come, and the draw goes on in them
+    assert task.size("train") == 12 and set(second) <= set(range(6, 12)) and sampler.available() == 6
+    val = {task.problem("val", i).prompt for i in range(4)}
+    assert not val & {task.problem("train", i).prompt for i in range(12)}  # still no validation prompt
+    saved = sampler.state_dict()
+    # A resumed run (a new task and sampler, from the checkpoint) grows its task to the same prompts.
+    task2, sampler2 = fresh()
+    sampler2.load_state_dict(saved)
+    assert [task2.problem("train", i) for i in range(12)] == [task.problem("train", i) for i in range(12)]
+    assert sampler2.next(2) == sampler.next(2)
+
+
+def test_a_finite_task_that_npr_used_up_ends_the_run_cleanly_saying_why(tmp_path, mlflow_uri):
+    """task=math (a data set: no fresh prompts) with 4 training prompts, 2 a step, each retired once its pass rate
+    is seen (npr_threshold 0). The generator runs a batch ahead (two waves): batches 1 and 2 take the 4 prompts;
+    batch 3 starts after step 1, when only batch 1's prompts are retired, so it takes batch 2's again; after step
+    2 all 4 are retired and batch 4 finds none. The run trains 3 steps, stops, FINISHED, tagged with the reason."""
+    from ablate import tracking
+    from ablate.config import compose
+    from ablate.trainer import train
+
+    cfg = compose(["task=math", "task.n_train_prompts=4", "task.n_val_prompts=2", "task.val_samples=1",
+                   "batch.prompts_per_step=2", "batch.samples_per_prompt=2", "filtering.npr_threshold=0.0",
+                   "generation.max_think_tokens=4", "generation.max_answer_tokens=4", "train.steps=6",
+                   f"paths.outputs={tmp_path}"])
+    client = tracking.client(mlflow_uri)
+    run_id = tracking.create_variant_run(client, tracking.experiment_id(client, "npr"), "scalerl", {})
+    state = train(cfg, run_id, mlflow_uri)
+    run = client.get_run(run_id)
+    assert state.step == 3 and run.info.status == "FINISHED"
+    assert run.data.tags["ablate.stopped_early"] == ("stopped after step 3 of 6: No-Positive-Resampling retired all "
+                                                     "4 training prompts and the task has no more")
+    dropped = sorted(client.get_metric_history(run_id, "train/npr_dropped"), key=lambda m: m.step)
+    assert [(m.step, m.value) for m in dropped] == [(1, 2.0), (2, 4.0), (3, 4.0)]
+
+
+def test_no_seed_crashes_the_default_run_when_npr_retires_its_prompts(tmp_path, mlflow_uri):
+    """The default ScaleRL run on 10 seeds, on a short schedule with a training set NPR keeps exhausting (8 prompts,
+    8 a step, each retired once its pass rate is seen): every run reaches its last step on fresh prompts. (Seed 7
+    of the 1,000-step default used to fail at step ~730: 'No-Positive-Resampling retired every training prompt'.)"""
+    from ablate import tracking
+    from ablate.config import compose
+    from ablate.trainer import train
+
+    client = tracking.client(mlflow_uri)
+    for seed in range(10):
+        cfg = compose([f"seed={seed}", "train.steps=6", "train.val_every=100", "task.n_train_prompts=8",
+                       "task.n_val_prompts=4", "task.val_samples=2", "task.warm_start_steps=50",
+                       "filtering.npr_threshold=0.0", f"paths.outputs={tmp_path}"])
+        run_id = tracking.create_variant_run(client, tracking.experiment_id(client, "seeds"), "scalerl", {})
+        seen = []
+        state = train(cfg, run_id, mlflow_uri, progress=lambda step, total, metrics: seen.append(metrics))
+        assert state.step == 6 and not state.stopped and client.get_run(run_id).info.status == "FINISHED", seed
+        prompts = [m["train/npr_dropped"] + m["train/prompts_available"] for m in seen]  # the training set
+        assert prompts[0] == 8 and prompts[-1] >= 16, (seed, prompts)  # fresh prompts were drawn

@@ -23,6 +23,7 @@ import torch
 
 from ablate.generators.engine import Engine, Sequence
 from ablate.rollouts import Rollouts
+from ablate.tasks.base import PromptsExhausted
 
 
 class Pipeline:
@@ -41,6 +42,7 @@ class Pipeline:
         self.replay: list[tuple[int, list[int]]] = []  # started before a restart: start them again first
         self.pending: tuple[dict, int] | None = None  # published weights not yet loaded
         self.error: BaseException | None = None
+        self.exhausted: PromptsExhausted | None = None  # the sampler had no prompts left for batch next_batch
         self.stopping = False
         self.generator_idle_s = self.trainer_wait_s = 0.0
         self.clock_start = time.perf_counter()
@@ -58,6 +60,8 @@ class Pipeline:
             while not self._complete(step):
                 if isinstance(self.error, FloatingPointError):  # diverged weights: the trainer says so
                     raise FloatingPointError(str(self.error)) from self.error
+                if self.exhausted is not None and step not in self.started:  # no prompts left for this batch
+                    raise PromptsExhausted(str(self.exhausted))
                 if self.error is not None:
                     raise RuntimeError(f"the generator failed: {type(self.error).__name__}: {self.error}") \
                         from self.error
@@ -156,18 +160,24 @@ class Pipeline:
                 self.pending = None
         # At most one new wave per decode step, as continuous batching admits requests: waves stay staggered, so
         # new weights land in the middle of the others' rows.
-        if len(self.engine.waves) < self.max_waves and self.off_policy.may_start(self.next_batch, self.engine.version):
-            self._start(self.next_batch)
+        if len(self.engine.waves) < self.max_waves and self.exhausted is None and \
+                self.off_policy.may_start(self.next_batch, self.engine.version) and self._start(self.next_batch):
             self.next_batch += 1
 
-    def _start(self, batch: int) -> None:
+    def _start(self, batch: int) -> bool:
+        """Start batch `batch`'s prompts; False when there are none left (the batches started go on to the end)."""
         if self.replay and self.replay[0][0] == batch:
             prompts = self.replay.pop(0)[1]
         else:
-            prompts = self.sampler.next(self.B)
+            try:
+                prompts = self.sampler.next(self.B)
+            except PromptsExhausted as why:
+                self.exhausted = why
+                return False
         self.started[batch] = prompts
         self.ended[batch] = []
         self.engine.start([row for index in prompts for row in self._rows("train", index, batch, self.G, self.rng)])
+        return True
 
     def _rows(self, split: str, index: int, batch: int, count: int, rng: np.random.Generator) -> list[Sequence]:
         """`count` rows sampling problem `index` of `split`, each with its thinking budget (length control)."""

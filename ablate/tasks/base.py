@@ -12,6 +12,11 @@ from dataclasses import dataclass
 THINK_END = "</think>"
 
 
+class PromptsExhausted(RuntimeError):
+    """No training prompt is left to sample (No-Positive-Resampling retired them all) and the task has no more:
+    the run ends there, cleanly, saying so."""
+
+
 @dataclass(frozen=True)
 class Problem:
     prompt: str  # the text the model continues
@@ -44,3 +49,8 @@ class Task:
     def warm_start_example(self, index: int) -> tuple[str, str] | None:
         """(prompt, completion) for the supervised warm start, or None for a task that has none."""
         return None
+
+    def more_train(self) -> int:
+        """Add fresh training prompts, none a validation prompt; returns how many (0: a finite data set has no
+        more). The same calls on the same task add the same prompts (a resumed run grows its task again)."""
+        return 0

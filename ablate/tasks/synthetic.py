@@ -3,7 +3,9 @@
 Each problem is "<op> <digits>:" and its answer the digits transformed by the op: `reverse` (3141 -> 1413), `sort`
 (3141 -> 1134) or `sum` (3141 -> 9, the digit sum). The lengths are drawn uniformly in [min_digits, max_digits].
 The splits are drawn from one seeded stream and deduplicated, validation first, so no validation prompt is ever a
-training prompt.
+training prompt. The family is large, so the training set can grow: when No-Positive-Resampling has retired every
+training prompt, `more_train` draws n_train_prompts fresh ones (from a stream of their own, seeded by the task seed
+and how many came before: the same on every run and after a resume).
 
 The warm start imitates a noisy teacher on separate problems of the same family: its answer is right with
 probability `teacher_accuracy`, else a near miss (two neighbouring digits swapped; a sum off by one). The warm
@@ -49,6 +51,8 @@ class SyntheticTask(Task):
         val = self._draw(rng, n_val_prompts, seen)
         train = self._draw(rng, n_train_prompts, seen)
         self.splits = {"train": train, "val": val}
+        self._task_seed, self._chunk, self._room = task_seed, n_train_prompts, room
+        self._splits_seen = set(seen)  # fresh training prompts are drawn apart from these (the warm start's are not)
         self._warm_rng_seed = task_seed + 1
         self._warm: list[Problem] = []
         self._seen = seen
@@ -65,6 +69,15 @@ class SyntheticTask(Task):
             seen.add(prompt)
             out.append(Problem(prompt=prompt, answer=OPS[op](digits)))
         return out
+
+    def more_train(self) -> int:
+        """n_train_prompts fresh training prompts, while the family has room for them (half of it at most)."""
+        train = self.splits["train"]
+        if len(self._splits_seen) + self._chunk > self._room // 2:
+            return 0
+        rng = np.random.default_rng([self._task_seed, 2, len(train)])
+        train.extend(self._draw(rng, self._chunk, self._splits_seen))
+        return self._chunk
 
     def warm_start_example(self, index: int) -> tuple[str, str]:
         """Problem `index` of an endless stream of the same family, none of them a validation prompt."""
