@@ -196,6 +196,10 @@ class MockGenerator(Generator):
     wobble_sd: float = 0.004  # run-level slow noise on the validation pass rate (AR(1))
     wobble_gpu_hours: float = 1000.0  # correlation length of the wobble
     prompt_spread: float = 4.0  # Beta concentration of per-prompt pass rates around the mean (lower = more spread)
+    # A simulated crash, to see what a sweep does with a failed job: runs making the choice `crash_when` ("path=choice";
+    # empty: every run) raise at step `crash_at_step` (0: never).
+    crash_at_step: int = 0
+    crash_when: str = ""
 
 
 @dataclass

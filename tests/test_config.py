@@ -93,3 +93,39 @@ def test_cli_shows_the_resolved_config(tmp_path):
     assert out.returncode == 0, out.stderr
     cfg = OmegaConf.create(out.stdout)
     assert cfg.loss.name == "dapo" and cfg.loss.eps_high == 0.28
+
+
+def test_the_mock_brings_its_own_short_schedule_and_experiment():
+    """generator=mock is the dry run by itself: 100 steps, validation every 2, into <name>-dryrun (never beside real
+    runs); the command line still decides; other generators keep the experiment's own."""
+    mock, real = compose(["generator=mock"]), compose([])
+    assert (mock.train.steps, mock.train.val_every, mock.tracking.experiment) == (100, 2, "tiny-dryrun")
+    assert (real.train.steps, real.tracking.experiment) == (1000, "tiny")
+    assert compose(["generator=mock", "train.steps=7"]).train.steps == 7
+    paper = compose(["experiment=paper_8b", "model.path=/m", "generator=mock"])
+    assert (paper.train.steps, paper.tracking.experiment) == (100, "paper_8b-dryrun")
+
+
+def test_a_model_path_that_does_not_load_fails_in_one_line_before_any_run(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    cases = {str(tmp_path / "nowhere"): "no such folder",
+             str(tmp_path / "empty"): f"the folder has no config.json (tried {tmp_path / 'empty' / 'config.json'})",
+             str(tmp_path / "broken"): f"its config.json ({tmp_path / 'broken' / 'config.json'}): ",
+             "no-such-org/no-such-model": "not a local folder, and the Hugging Face hub (or its cache) gave no model"}
+    for path, says in cases.items():
+        out = run_cli("-m", "ablate", "model=hf", f"model.path={path}", cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"})
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1, out.stderr
+        assert lines[0].startswith(f"error: model.path={path}: {says}"), lines[0]
+    assert not (tmp_path / "mlflow.db").exists()  # nothing was created, not even the database
+
+
+def test_a_model_folder_that_loads_passes_the_check(tmp_path):
+    from ablate.config import check_model
+    from ablate.policy import build_policy, build_tokenizer
+
+    cfg = compose([])
+    build_policy(cfg.model, 0, build_tokenizer(cfg.model)).save_pretrained(tmp_path)
+    check_model(OmegaConf.create({"path": str(tmp_path)}))

@@ -40,7 +40,7 @@ def _wait_until_done(cwd, timeout=300) -> subprocess.CompletedProcess:
 
 def _client(cwd):
     client = tracking.client(f"sqlite:///{cwd}/mlflow.db")
-    return client, client.get_experiment_by_name("tiny").experiment_id
+    return client, client.get_experiment_by_name("tiny-dryrun").experiment_id
 
 
 def _manifest(cwd) -> dict:

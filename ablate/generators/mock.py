@@ -55,6 +55,8 @@ class MockGenerator:
                  *, cfg: DictConfig, sampler=None, **_: object):
         self.sampler = sampler  # the trainer's prompt sampler: batch() draws from it
         self.truth = variant_truth(cfg)
+        path, _, choice = str(cfg.generator.crash_when).partition("=")
+        self.crash_at = cfg.generator.crash_at_step if not path or choice_of(cfg, path) == choice else 0
         seed = int(hashlib.sha256(f"{cfg.seed}:{signature(cfg)}".encode()).hexdigest()[:8], 16)
         self.rng = np.random.default_rng(seed)
         run_A = min(self.truth.A + run_sd_A * self.rng.standard_normal(), 1.0)
@@ -87,6 +89,8 @@ class MockGenerator:
     # ------------------------------------------------------------------------------- the trainer's generator calls
     def batch(self, step: int, compute: float) -> Rollouts:
         """Batch `step` (trained by policy version step - 1) of the sampler's next prompts."""
+        if step == self.crash_at:
+            raise RuntimeError(f"the simulated job crashes at step {step} (generator.crash_at_step)")
         return self.rollouts(self.sampler.next(self.samples_per_batch), step - 1, compute)
 
     def publish(self, policy, version: int) -> None:
