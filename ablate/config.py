@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from hydra import compose as hydra_compose
@@ -108,3 +109,26 @@ def flatten(container: Any, prefix: str = "") -> dict[str, Any]:
         else:
             flat[name] = value
     return flat
+
+
+def check_model(model: DictConfig) -> None:
+    """Fail at once, in one line, when model.path names no model that loads (before any run is created): a local
+    folder needs a config.json that transformers reads; any other name is looked up on the Hugging Face hub (or in
+    its local cache)."""
+    if not model.path:
+        return
+    import transformers
+
+    path = Path(str(model.path)).expanduser()
+    looks_local = path.is_absolute() or str(model.path).startswith((".", "~")) or path.exists()
+    if looks_local and not path.is_dir():
+        raise ValueError(f"model.path={model.path}: no such folder")
+    if looks_local and not (path / "config.json").is_file():
+        raise ValueError(f"model.path={model.path}: the folder has no config.json (tried {path / 'config.json'})")
+    try:
+        transformers.AutoConfig.from_pretrained(str(path) if looks_local else str(model.path))
+    except Exception as why:  # noqa: BLE001 - whatever transformers raises, said in one line
+        where = f"its config.json ({path / 'config.json'})" if looks_local else \
+            "not a local folder, and the Hugging Face hub (or its cache) gave no model of that name"
+        reason = str(why).strip().splitlines()[0] if str(why).strip() else type(why).__name__
+        raise ValueError(f"model.path={model.path}: {where}: {reason}") from None

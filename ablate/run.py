@@ -19,7 +19,7 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 
 from ablate import tracking
-from ablate.config import compose, merge_overrides, override_key, signature
+from ablate.config import check_model, compose, merge_overrides, override_key, signature
 from ablate.progress import SweepDisplay, StepBar
 from ablate.sweeps import Variant
 from launch.status import ALIVE, job_states
@@ -82,6 +82,7 @@ def run_single(cfg: DictConfig, overrides: Sequence[str]) -> int:
     The same run already FINISHED: nothing to do. Left unfinished with a checkpoint (killed, crashed): resumed.
     """
     (p,) = plan(cfg, overrides)
+    check_model(p.cfg.model)  # before any run is created
     uri = tracking.check_reachable(cfg.tracking.uri, cfg.tracking.timeout_s)
     client = tracking.client(uri)
     exp_id = tracking.experiment_id(client, cfg.tracking.experiment)
@@ -118,6 +119,8 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
         return 0
     print_plan(planned, f"sweep {sid}: {len(planned)} variants")
 
+    for model in {json.dumps(OmegaConf.to_container(p.cfg.model), sort_keys=True) for p in planned}:
+        check_model(OmegaConf.create(json.loads(model)))  # before any run is created
     uri = tracking.check_reachable(cfg.tracking.uri, cfg.tracking.timeout_s)  # before any job starts
     client = tracking.client(uri)
     exp_id = tracking.experiment_id(client, cfg.tracking.experiment)
@@ -165,17 +168,30 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     try:
         failed = watch(submission, client)
     except KeyboardInterrupt:
-        submission.cancel()  # SIGINT: the trainer flushes its metrics and marks its run KILLED
-        for it in submission.todo:
-            if client.get_run(it.spec.meta["run_id"]).info.status == "SCHEDULED":
-                client.set_terminated(it.spec.meta["run_id"], status="KILLED")
-        client.set_terminated(parent, status="KILLED")
-        print("\ninterrupted: running jobs cancelled; what they logged is kept in MLflow", file=sys.stderr)
+        stopped = interrupt(submission, client, parent)
+        print(f"\ninterrupted: {stopped} running jobs cancelled; what they logged is kept in MLflow, and the "
+              "same command runs what did not finish", file=sys.stderr)
         return 130
     client.set_terminated(parent, status="FAILED" if failed else "FINISHED")
     if cfg.sweep.report:
         make_report(cfg, uri, sid, [it.spec.meta["run_id"] for it in submission.items])
     return 1 if failed else 0
+
+
+def interrupt(submission: Submission, client, parent: str, wait_s: float = 15.0) -> int:
+    """Ctrl-C during a local sweep: cancel its jobs (SIGINT: each trainer flushes its metrics and marks its run
+    KILLED), wait for them to end, and delete the runs that never started (empty: a later sweep makes its own).
+    Returns how many jobs were still running."""
+    alive = sum(not job.done() for job in submission.jobs())
+    submission.cancel()
+    deadline = time.monotonic() + wait_s
+    while not submission.finished() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for it in submission.todo:
+        if client.get_run(it.spec.meta["run_id"]).info.status == "SCHEDULED":
+            client.delete_run(it.spec.meta["run_id"])
+    client.set_terminated(parent, status="KILLED")
+    return alive
 
 
 def _decide(runs: list, previous: dict[str, tuple[str, str]],
