@@ -33,7 +33,11 @@ def app(cfg: DictConfig) -> int:
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except KeyboardInterrupt:  # Ctrl-C outside a sweep's watch (which says more): one line, not a traceback
+        print("\ninterrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -105,6 +105,27 @@ def _environ(**values: str) -> Iterator[None]:
                 os.environ[key] = value
 
 
+@contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """Processes started inside write their stdout and stderr to `path`, not to this terminal: submitit's local
+    job controllers print a KeyboardInterrupt traceback each when Ctrl-C (or a cancel) reaches them. The jobs
+    themselves write to their own log files, as on SLURM."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "a") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+
+
 class Requeueable:
     """Wraps a job's callable so submitit requeues it on preemption or at its time limit (USR2), with the same
     arguments: the callable must pick up where it left off (the trainer resumes its run from its checkpoint).
@@ -173,7 +194,8 @@ class Submission:
         if self.cluster == "local":
             shares = [todo[i::self.max_parallel] for i in range(min(self.max_parallel, len(todo)))]
             threads = str(max(1, (os.cpu_count() or 1) // len(shares)))  # workers share the cores, not oversubscribe
-            with _environ(OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", threads)):
+            with _environ(OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", threads)), \
+                    _output_to(self.folder / "local-controllers.log"):
                 for share in shares:
                     job = self.executor.submit(run_in_turn, self.fn, [it.spec.args for it in share])
                     for index, it in enumerate(share):

@@ -26,7 +26,7 @@ def swept(tmp_path_factory):
 def test_the_sweep_runs_every_variant_into_one_parent(swept):
     folder, _ = swept
     client = tracking.client(f"sqlite:///{folder}/mlflow.db")  # the default database: ./mlflow.db
-    exp = client.get_experiment_by_name("tiny")
+    exp = client.get_experiment_by_name("tiny-dryrun")
     runs = client.search_runs([exp.experiment_id])
     parents = [r for r in runs if r.data.tags.get("ablate.role") == "sweep"]
     children = [r for r in runs if r.data.tags.get("ablate.role") == "variant"]
@@ -75,7 +75,7 @@ def test_running_the_same_sweep_again_submits_nothing(swept):
     assert out.returncode == 0, out.stderr
     assert "0 to run, 9 already FINISHED" in out.stdout
     client = tracking.client(f"sqlite:///{folder}/mlflow.db")
-    runs = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+    runs = client.search_runs([client.get_experiment_by_name("tiny-dryrun").experiment_id])
     assert len(runs) == 10  # still one parent and nine children
 
 
@@ -90,15 +90,14 @@ def test_a_changed_override_runs_only_what_is_new(swept):
 
 
 def test_failing_variants_are_reported_and_lose_nothing(tmp_path):
-    # NPR with threshold 0 retires every prompt after its first epoch: every variant with NPR on fails at step 2
-    # (loo-npr, NPR off, runs to the end)
+    # A simulated crash at step 2 in every variant with NPR on (loo-npr, NPR off, runs to the end)
     out = run_cli("-m", "ablate", "sweep=loo", "generator=mock", "launcher=local", "train.steps=20",
-                  "train.val_every=1",
-                  "filtering.npr_threshold=0.0", "task.n_train_prompts=8", cwd=tmp_path)
+                  "train.val_every=1", "generator.crash_at_step=2",
+                  "generator.crash_when='filtering.no_positive_resampling=true'", cwd=tmp_path)
     assert out.returncode == 1
-    assert "retired every training prompt" in out.stderr  # the end of the failed job's traceback
+    assert "the simulated job crashes at step 2" in out.stderr  # the end of the failed job's traceback
     client = tracking.client(f"sqlite:///{tmp_path}/mlflow.db")
-    runs = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+    runs = client.search_runs([client.get_experiment_by_name("tiny-dryrun").experiment_id])
     by_variant = {r.data.tags["ablate.variant"]: r for r in runs if r.data.tags["ablate.role"] == "variant"}
     parent = next(r for r in runs if r.data.tags["ablate.role"] == "sweep")
     assert parent.info.status == "FAILED"
@@ -111,3 +110,40 @@ def test_failing_variants_are_reported_and_lose_nothing(tmp_path):
         assert steps == [0, 1], name  # what was measured before the failure is in MLflow
     rows = (next((tmp_path / "outputs" / "tiny" / "reports").glob("loo-*")) / "fits.csv").read_text()
     assert rows.count("\n") == 10  # header + 9 runs: the report is made all the same
+
+
+def test_ctrl_c_on_a_sweep_says_one_line_keeps_what_ran_and_leaves_no_empty_run(tmp_path):
+    """SIGINT to the sweep's whole process group (what Ctrl-C in a terminal sends) once two variants are training:
+    one line, no traceback; the runs that trained are KILLED with their metrics; the runs that never started are
+    deleted, not left empty."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.Popen([sys.executable, "-m", "ablate", "sweep=loo", "generator=mock", "launcher=local",
+                             "train.steps=100000", "train.val_every=5", "launcher.max_parallel_local=2",
+                             "model.num_layers=1", "model.hidden_size=32"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    client, deadline = None, time.monotonic() + 240
+    while time.monotonic() < deadline:
+        time.sleep(1)
+        if client is None and list((tmp_path / "outputs").glob("tiny/jobs/loo-*/manifest.json")):
+            client = tracking.client(f"sqlite:///{tmp_path}/mlflow.db")  # submitted: the database is made
+        experiment = client.get_experiment_by_name("tiny-dryrun") if client else None
+        runs = client.search_runs([experiment.experiment_id]) if experiment else []
+        if sum(r.info.status == "RUNNING" and "val/pass_rate" in r.data.metrics for r in runs) == 2:
+            break
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err + out, err
+    assert err.strip().splitlines()[-1] == ("interrupted: 2 running jobs cancelled; what they logged is kept in "
+                                            "MLflow, and the same command runs what did not finish")
+    runs = client.search_runs([client.get_experiment_by_name("tiny-dryrun").experiment_id])
+    variants = [r for r in runs if r.data.tags.get("ablate.role") == "variant"]
+    assert sorted(r.info.status for r in variants) == ["KILLED", "KILLED"]  # the 7 that never started: deleted
+    assert all(r.data.metrics["val/pass_rate"] > 0 for r in variants)
+    (parent,) = [r for r in runs if r.data.tags.get("ablate.role") == "sweep"]
+    assert parent.info.status == "KILLED"
