@@ -1,10 +1,15 @@
 """python -m analysis report --experiment NAME [--tracking-uri URI] [--out DIR] [--sweep ID]
 python -m analysis fit --json FILE [--method fast|paper] [--extrapolate FRACTION]
 
-report: fit, rank and report the variant runs of an MLflow experiment (markdown, HTML, fits.csv, PNG plots), and
-attach the files to the sweep's parent run.
-fit: fit one curve. FILE (or - for stdin) holds {"compute": [...], "reward": [...]} and optionally "r0", "c_min",
-"runs" (one label per point, for several seeds); the fit with its 90% intervals is printed as JSON.
+report: fit, rank and report the variant runs of one sweep of an MLflow experiment (markdown, HTML, fits.csv, PNG
+plots), and attach the files to the sweep's parent run. The sweep is the experiment's latest unless --sweep names
+one (--sweep all: every sweep). Runs of different models, tasks or generators are refused, naming the difference;
+runs that failed or stopped short of their configured steps are named and get no verdict.
+fit: fit one curve. FILE (or - for stdin) holds {"compute": [...], "reward": [...]} and optionally "r0" (the
+pre-RL pass rate; default: the reward at compute 0), "c_min" (points below it are left out; default 1.5/16 of
+the largest compute, the paper's cut of its first 1.5k of 16k GPU-hours; 0 keeps every point after compute 0;
+at least 5 points must remain), "runs" (one label per point, for several seeds); the fit with its 90% intervals
+is printed as JSON.
 
 Exit codes: 0 ok; 1 the curve could not be fitted (fit: the JSON says why); 2 bad input (unknown experiment, no
 runs, tracking store unreachable, unreadable JSON), one line on stderr.
@@ -26,10 +31,13 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--tracking-uri", default=None,
                         help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     report.add_argument("--out", default=None, help="output directory (default: reports/<experiment>)")
-    report.add_argument("--sweep", default=None, help="only the runs of this sweep id (tag ablate.sweep)")
+    report.add_argument("--sweep", default=None,
+                        help="the sweep id to report (tag ablate.sweep; default: the experiment's latest sweep); "
+                             "'all': every sweep, pooled")
     fit = commands.add_parser("fit", help="fit one curve given as JSON; print the fit with its intervals")
-    fit.add_argument("--json", required=True, dest="path", help='file with {"compute": [...], "reward": [...]}, '
-                                                               'optional "r0", "c_min", "runs"; - for stdin')
+    fit.add_argument("--json", required=True, dest="path",
+                     help='file with {"compute": [...], "reward": [...]}, optional "r0", "c_min" (default 1.5/16 of '
+                          'the largest compute; 0 keeps every point), "runs"; - for stdin')
     fit.add_argument("--method", choices=("fast", "paper"), default="fast",
                      help="fast: this package's fitter, with intervals (default); paper: the paper's grid")
     fit.add_argument("--extrapolate", type=float, default=None, metavar="FRACTION",

@@ -8,11 +8,15 @@ R is the validation pass rate, C the training compute in GPU-hours, A the asympt
 B > 0 the compute efficiency (steepness), C_mid the compute at which half of the gain A - R0 is reached.
 
 How this fitter works (and where it departs from the paper, shared/notes/scalerl-facts.md):
-- R0 is not fitted: it is given, or the mean of the pre-RL points (compute == 0). Points below c_min are left out
-  (default: 1.5/16 of the run's largest compute, the paper's 1.5k of 16k GPU-hours).
-- The point estimate minimizes the squared error, the paper's criterion, but continuously: the law is linear in A,
-  so A is solved in closed form over a coarse grid of (log B, log C_mid), and the best cell is refined by bounded
-  least squares on (A, log B, log C_mid). The paper's own grid procedure is `fit_paper` (analysis/paper.py).
+- R0 is given (a constant), or measured: the mean of the pre-RL points (compute == 0), a measurement with an
+  error, so a parameter with that measurement as its Gaussian prior (the paper never says how it sets R0). Points
+  below c_min are left out (default: 1.5/16 of the run's largest compute, the paper's 1.5k of 16k GPU-hours).
+- Least squares, the paper's criterion, but continuously: the law is linear in A, so A is solved in closed form
+  over a coarse grid of (log B, log C_mid), and the best cell is refined on (A, log B, log C_mid). The intervals
+  are built around it. The paper's own grid procedure is `fit_paper` (analysis/paper.py).
+- The reported point estimate refines that fit (analysis/point.py): generalized least squares under the fitted
+  noise model, Firth's bias reduction, R0 within its measurement error. Deviation from the paper: it shortens the
+  long upper tail of the A errors of runs that stop near their midpoint (bench/bench_fit.py).
 - Intervals (90%) are likelihood-ratio intervals: for each parameter, the values where the profile deviance (the
   other parameters at their best) stays within the chi-square(1) quantile. They are computed on a grid of
   (log B, log C_mid) on which A (and R0, when measured) are handled in closed form, so they follow the real, often
@@ -49,6 +53,16 @@ class FitError(ValueError):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+
+
+def fmt_compute(x: float) -> str:
+    """Compute (GPU-hours) for people: thousands separated from 100 up ("2,542"), three significant digits below
+    ("0.00512", "12.3"), so that a tiny run's compute does not print as 0."""
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "∞" if x > 0 else "-∞"
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
 def sigmoid_law(compute, A: float, B: float, C_mid: float, R0: float) -> np.ndarray:
@@ -248,7 +262,7 @@ def _as_points(compute, reward) -> tuple[np.ndarray, np.ndarray]:
             order = np.argsort(c, kind="stable")
             first = int(np.argmax(bad[order]))
             if bad[order][first:].all():
-                where = f" from {c[order][first]:,.0f} GPU-hours on (diverged?)"
+                where = f" from {fmt_compute(c[order][first])} GPU-hours on (diverged?)"
         raise FitError(f"non-finite values: {int(bad.sum())} of {c.size} points have NaN or inf{where}")
     if (c < 0).any():
         raise FitError("negative compute values")
@@ -271,7 +285,9 @@ def _pick_r0(c: np.ndarray, r: np.ndarray, r0: float | None) -> float:
 def _check_fittable(c: np.ndarray, r: np.ndarray, runs: np.ndarray, R0: float, c_min: float) -> None:
     """Reject what Eq. 1 cannot describe: too few points, a flat, falling or diverged curve, no gain."""
     if c.size < MIN_POINTS:
-        raise FitError(f"too few points: {c.size} at compute >= c_min={c_min:.4g} (need {MIN_POINTS})")
+        raise FitError(f"too few points: {c.size} at compute >= c_min={fmt_compute(c_min)} (need {MIN_POINTS}); "
+                       f"c_min defaults to {C_MIN_FRACTION:.4g} (1.5/16) of the largest compute, the paper's cut: "
+                       "set c_min lower (c_min=0 keeps every point after compute 0)")
     if np.ptp(np.append(r, R0)) < 1e-9:
         raise FitError(f"flat curve: pass rate constant at {R0:.4g}, nothing to fit")
     for run in np.unique(runs):
@@ -307,8 +323,8 @@ def _divergence(c: np.ndarray, r: np.ndarray, R0: float) -> str | None:
     if tail < 2 or r.size - tail <= peak:
         return None
     start = r.size - tail
-    return (f"diverged: pass rate fell from {smooth[peak]:.3f} (at {c[peak]:,.0f} GPU-hours) to "
-            f"{r[-1]:.3f}, below the peak by more than {drop:.3f} from {c[start]:,.0f} GPU-hours to the end")
+    return (f"diverged: pass rate fell from {smooth[peak]:.3f} (at {fmt_compute(c[peak])} GPU-hours) to "
+            f"{r[-1]:.3f}, below the peak by more than {drop:.3f} from {fmt_compute(c[start])} GPU-hours to the end")
 
 
 def _log_trend_t(c: np.ndarray, r: np.ndarray) -> float:

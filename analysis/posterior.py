@@ -1,4 +1,5 @@
-"""The fast fit of Eq. 1 and its intervals: least squares, then likelihood-ratio intervals on a grid.
+"""The fast fit of Eq. 1 and its intervals: least squares, likelihood-ratio intervals on a grid around it, then the
+reported point estimate (GLS with Firth's bias reduction, analysis/point.py).
 
 Given B and C_mid the law is linear in A (and in R0), so everything about A and R0 is exact Gaussian algebra per
 grid cell of (log B, log C_mid): the best A and R0, the deviance there, and the deviance for any other A (a
@@ -20,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from analysis import noise as noise_model
-from analysis.fit import B_BOUNDS, C_MID_SPAN, CI_LEVEL, FitError, Prepared, SigmoidFit
+from analysis.fit import B_BOUNDS, C_MID_SPAN, CI_LEVEL, FitError, Prepared, SigmoidFit, sigmoid_law
+from analysis import point
 
 GRID = 41  # cells per axis of the posterior grid
 N_DRAWS = 1000
@@ -60,12 +62,11 @@ def fit_state(data: Prepared, *, A_fixed: float | None = None, rng_seed: int = 0
         sigma2[name] = max(float(ratio), noise_model.MIN_SD**2)
     tau2 = noise.var / data.n_r0 if data.n_r0 else 0.0
 
-    A_hat = float(x[0]) if A_fixed is None else float(A_fixed)
-    u_hat, v_hat = float(x[-2]), float(x[-1])
     widest = max(sigma2.values())
-    # the box starts at +-7 sd of the widest likelihood's normal approximation: usually one grid evaluation
+    # the box starts at the least-squares fit, +-7 sd of the widest likelihood's normal approximation: usually one
+    # grid evaluation
     sd = np.sqrt(np.clip(np.diag(effect.naive)[-2:] * widest, 0.0, None))
-    cells = _Grid(log_c, r, R0, tau2, A_fixed, box).explore(u_hat, v_hat, sd[0], sd[1], widest)
+    cells = _Grid(log_c, r, R0, tau2, A_fixed, box).explore(float(x[-2]), float(x[-1]), sd[0], sd[1], widest)
     if _start is None:
         # a safety net: the grid sees the whole plausible region; if it holds a clearly better fit than the
         # optimizer's (a local minimum), start again from there
@@ -81,9 +82,17 @@ def fit_state(data: Prepared, *, A_fixed: float | None = None, rng_seed: int = 0
     }
     draws = cells.draws(widest, N_DRAWS, np.random.default_rng(rng_seed))
 
+    # the point estimate: GLS under the noise model, with Firth's bias reduction (analysis/point.py)
+    lower, upper = _bounds(R0, box, A_fixed)
+    best = point.refine(data.c, log_c, r, data.runs, R0, noise, x, lower, upper, A_fixed, r0_sd=math.sqrt(tau2))
+    if tau2 > 0:
+        R0, best = float(best[-1]), best[:-1]
+    A_hat = float(best[0]) if A_fixed is None else float(A_fixed)
+    u_hat, v_hat = float(best[-2]), float(best[-1])
+    B, C_mid = math.exp(u_hat), math.exp(v_hat)
+    resid = sigmoid_law(data.c, A_hat, B, C_mid, R0) - r
     ss_res = float(resid @ resid)
     ss_tot = float(((r - r.mean()) ** 2).sum())
-    B, C_mid = math.exp(u_hat), math.exp(v_hat)
     at_bound = _at_bound(A_hat, u_hat, v_hat, R0, box, A_fixed)
     fit = SigmoidFit(
         A=A_hat,
@@ -104,6 +113,14 @@ def fit_state(data: Prepared, *, A_fixed: float | None = None, rng_seed: int = 0
         draws=draws,
     )
     return FitState(fit=fit, cells=cells, sigma2=sigma2, data=data)
+
+
+def _bounds(R0: float, box, A_fixed) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds of the least-squares parameters: (A, log B, log C_mid) with A in [R0, 1], or (log B, log C_mid)."""
+    lower, upper = box
+    if A_fixed is None:
+        return np.array([R0, lower[0], lower[1]]), np.array([1.0, upper[0], upper[1]])
+    return lower.copy(), upper.copy()
 
 
 def _prior_box(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -129,8 +146,6 @@ def _shape_matrix(u: np.ndarray, v: np.ndarray, log_c: np.ndarray) -> np.ndarray
 def _least_squares(log_c, r, R0, box, A_fixed, start=None):
     """Least squares for (A, log B, log C_mid), or (log B, log C_mid) with A fixed, started from the best cell of a
     coarse grid on which A is solved in closed form (or from `start`). Returns (x, jacobian, residuals)."""
-    from scipy.optimize import least_squares
-
     lower, upper = box
     u = np.linspace(math.log(0.3), math.log(8.0), 12)
     v = np.linspace(max(log_c.min() - math.log(10), lower[1]), min(log_c.max() + math.log(30), upper[1]), 30)
@@ -144,39 +159,14 @@ def _least_squares(log_c, r, R0, box, A_fixed, start=None):
     sse = float(y @ y) - 2 * gain * sy + gain * gain * ss
     i, j = np.unravel_index(int(np.argmin(sse)), sse.shape)
 
-    def parts(x):
-        A = x[0] if A_fixed is None else A_fixed
-        log_b, log_cmid = x[-2], x[-1]
-        B = math.exp(log_b)
-        from scipy.special import expit
-
-        sh = expit(B * (log_c - log_cmid))
-        return A, B, log_cmid, sh
-
-    def residuals(x):
-        A, _, _, sh = parts(x)
-        return R0 + (A - R0) * sh - r
-
-    def jacobian(x):
-        A, B, log_cmid, sh = parts(x)
-        ds = (A - R0) * sh * (1.0 - sh)
-        cols = [ds * B * (log_c - log_cmid), -ds * B]
-        return np.column_stack(([sh] if A_fixed is None else []) + cols)
-
-    if A_fixed is None:
-        x0 = np.array([R0 + gain[i, j], u[i], v[j]])
-        lo, hi = np.array([R0, lower[0], lower[1]]), np.array([1.0, upper[0], upper[1]])
-    else:
-        x0 = np.array([u[i], v[j]])
-        lo, hi = lower.copy(), upper.copy()
+    x0 = np.array([R0 + gain[i, j], u[i], v[j]]) if A_fixed is None else np.array([u[i], v[j]])
+    lo, hi = _bounds(R0, box, A_fixed)
     if start is not None:
         x0 = np.asarray(start if A_fixed is None else start[1:], dtype=float)
-    x0 = np.clip(x0, lo + 1e-9 * (hi - lo), hi - 1e-9 * (hi - lo))
-    result = least_squares(residuals, x0, jac=jacobian, bounds=(lo, hi), method="trf", x_scale="jac",
-                           ftol=1e-10, xtol=1e-10, gtol=1e-10, max_nfev=500)
-    if not np.isfinite(result.x).all():
+    x, jac, resid = point.least_squares(log_c, r, R0, x0, lo, hi, A_fixed)
+    if not np.isfinite(x).all():
         raise FitError("the least-squares optimizer did not converge")
-    return result.x, jacobian(result.x), residuals(result.x)
+    return x, jac, resid
 
 
 def _at_bound(A, u, v, R0, box, A_fixed) -> dict[str, int]:

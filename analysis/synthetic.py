@@ -5,6 +5,9 @@ A curve follows Eq. 1 (R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)) plus the two 
   added to the pass rate, as the mock generator does (conf/generator/mock.yaml: sd 0.004 over 1,000 GPU-hours);
 - binomial noise of `n_prompts` x `samples` validation answers per point (the paper's 1,000 prompts x mean@16).
 The point at compute 0 (the pre-RL pass rate) has the binomial noise only.
+
+Two sets: `benchmark_curves` (issue 4: runs that pass their midpoint, the mock's noise) and `heldout_like_curves`
+(issue 13: as hard as a held-out set of 120 real-like curves, below).
 """
 
 from __future__ import annotations
@@ -89,3 +92,41 @@ def benchmark_curves(n: int, seed: int = 0) -> list[Curve]:
         every = float(rng.uniform(100.0, 250.0))
         curves.append(make_curve(rng, truth, every=every))
     return curves
+
+
+# --- the held-out-like set (issue 13) ---------------------------------------------------------------------------
+
+HELDOUT_C_MAX = 16_000.0  # a LOO run's budget, GPU-hours
+R0_EXTRA_SD = 0.005  # the pre-RL point's own error, beyond the binomial noise
+
+
+def heldout_like_curve(rng: np.random.Generator) -> Curve:
+    """One curve as hard as the held-out set's, in the three ways real runs are hard:
+    - runs that stop near their midpoint: C_mid log-uniform in 1.5k-12k GPU-hours, runs end at 16k (1.3 to 11
+      C_mid); with B down to 1 (a slow approach), A is then loosely pinned;
+    - a correlated wobble of sd 0.001-0.0065 over 300-3,000 GPU-hours (up to 1.6x the mock's sd);
+    - noisy early points: extra white noise of sd up to 0.02 at C = 0, decaying over 500-2,000 GPU-hours (so
+      points just past the 1.5k cut can still carry it), and the pre-RL point off by sd 0.005 (R0 is measured
+      from it).
+    A in 0.45-0.80 (the paper's grid), B in 1-3, R0 in 0.20-0.40; a point every 100-400 GPU-hours; the paper's
+    1,000 prompts x 16 samples of binomial noise."""
+    truth = Truth(
+        A=float(rng.uniform(0.45, 0.80)),
+        B=float(rng.uniform(1.0, 3.0)),
+        C_mid=float(math.exp(rng.uniform(math.log(1500.0), math.log(12000.0)))),
+        R0=float(rng.uniform(0.20, 0.40)),
+    )
+    compute = np.arange(0.0, HELDOUT_C_MAX + 1e-9, float(rng.uniform(100.0, 400.0)))
+    rate = truth(compute) + wobble(rng, compute, float(rng.uniform(0.001, 0.0065)), float(rng.uniform(300.0, 3000.0)))
+    early_sd, early_gpu_hours = float(rng.uniform(0.0, 0.02)), float(rng.uniform(500.0, 2000.0))
+    early = early_sd * np.exp(-compute / early_gpu_hours) * rng.standard_normal(compute.size)
+    early[0] = R0_EXTRA_SD * rng.standard_normal()
+    n = 1000 * 16
+    reward = rng.binomial(n, np.clip(rate + early, 0.0, 1.0)) / n
+    return Curve(truth=truth, compute=compute, reward=reward)
+
+
+def heldout_like_curves(n: int, seed: int = 0) -> list[Curve]:
+    """n curves of the held-out-like set (heldout_like_curve)."""
+    rng = np.random.default_rng(seed)
+    return [heldout_like_curve(rng) for _ in range(n)]

@@ -1,8 +1,16 @@
-"""The sigmoid fitter against the paper's procedure, on synthetic curves with a known truth (issue 4).
+"""The sigmoid fitter against the paper's procedure, on synthetic curves with a known truth (issues 4 and 13).
 
-Curves (analysis/synthetic.py): A in 0.5-0.75, B in 1-3, C_mid in 1.5k-9k GPU-hours, R0 in 0.25-0.40; observed
-from 0 to 16k GPU-hours every 100-250 GPU-hours; binomial noise of 1,000 prompts x 16 samples per point plus a slow
-run-level wobble (AR(1) in compute, sd 0.004, correlation length 1,000 GPU-hours, as the mock generator's).
+Curves (analysis/synthetic.py), `--set`:
+- heldout (default): as hard as the held-out set of issue 13 (120 real-like curves with known truth, kept outside
+  the repo), made so in the three ways real runs are hard: runs that stop near their midpoint (C_mid 1.5k-12k
+  GPU-hours, runs end at 16k, B down to 1), a correlated wobble (sd up to 0.0065 over 300-3,000 GPU-hours), noisy
+  early points (extra noise up to sd 0.02 at C = 0 fading over 500-2,000 GPU-hours; the pre-RL point off by sd
+  0.005). A in 0.45-0.80 (the paper's grid), B in 1-3, R0 in 0.20-0.40, a point every 100-400 GPU-hours.
+  Calibration: the fitter as it was before the GLS/Firth point estimate (commit 48a1236) has, on the held-out
+  set, |A error| median 0.0043 and 95th percentile 0.0443, and the paper's procedure 0.0395. On 4 x 1,000
+  curves of this set (seeds 0-3) that fitter gives median 0.0047-0.0054 and 95th percentile 0.043-0.048 (mean
+  0.046); the paper's procedure a lower 95th percentile than it, as on the held-out set: at least as hard.
+- benchmark: issue 4's set (runs that pass their midpoint: C_mid 1.5k-9k, A 0.5-0.75; the mock's noise).
 
 Measured in one process:
 - fit_sigmoid on every curve, the paper's procedure (fit_paper: grid over A and C_mid, B by curve_fit) on the
@@ -11,11 +19,13 @@ Measured in one process:
 - the extrapolation check: fit on compute <= 8k, predict the end of the run (mean over its last 5%), against the
   observation there and against the truth; a power law fitted to the same points, for contrast;
 - curves cut before their midpoint (at 0.8 C_mid): coverage and width of the A interval.
+BLAS runs on one thread (OPENBLAS_NUM_THREADS=1 unless set): on 2 busy cores OpenBLAS's threads fight over the
+small matrices of a fit and make every method several times slower, by chance.
 
-    python bench/bench_fit.py                              # 200 curves, the paper's procedure on 60
-    python bench/bench_fit.py --curves 500 --paper-curves 100
-Targets: >= 100x faster than the paper's procedure; A error no worse at the median and the 95th percentile;
-coverage 85-95%; no failure.
+    python bench/bench_fit.py                              # 600 held-out-like curves, the paper's procedure on 120
+    python bench/bench_fit.py --set benchmark --curves 200 --paper-curves 60
+Targets: A error 95th percentile <= 0.035 and <= the paper's on the same curves, median no worse than the paper's;
+coverage 85-95%; >= 100x faster than the paper's procedure; no failure.
 """
 
 from __future__ import annotations
@@ -27,14 +37,16 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis.extrapolate import extrapolation_check  # noqa: E402
 from analysis.fit import FitError, fit_sigmoid  # noqa: E402
 from analysis.paper import fit_paper  # noqa: E402
-from analysis.synthetic import benchmark_curves  # noqa: E402
+from analysis.synthetic import benchmark_curves, heldout_like_curves  # noqa: E402
 
 PARAMS = ("A", "B", "C_mid")
 
@@ -72,14 +84,18 @@ def fmt_err(e: np.ndarray, name: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--curves", type=int, default=200, help="synthetic curves for fit_sigmoid (default 200)")
-    parser.add_argument("--paper-curves", type=int, default=60,
-                        help="of those, how many the paper's procedure fits too (default 60; ~3 s each)")
+    parser.add_argument("--set", choices=("heldout", "benchmark"), default="heldout",
+                        help="heldout: as hard as issue 13's held-out set (default); benchmark: issue 4's")
+    parser.add_argument("--curves", type=int, default=600, help="synthetic curves for fit_sigmoid (default 600)")
+    parser.add_argument("--paper-curves", type=int, default=120,
+                        help="of those, how many the paper's procedure fits too (default 120; ~2-3 s each)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     m = min(args.paper_curves, args.curves)
-    curves = benchmark_curves(args.curves, seed=args.seed)
-    print(f"cores: {os.cpu_count()}  python: {sys.version.split()[0]}  curves: {args.curves} (seed {args.seed}), "
+    make = heldout_like_curves if args.set == "heldout" else benchmark_curves
+    curves = make(args.curves, seed=args.seed)
+    print(f"cores: {os.cpu_count()}  python: {sys.version.split()[0]}  BLAS threads: "
+          f"{os.environ['OPENBLAS_NUM_THREADS']}  curves: {args.curves} of the {args.set} set (seed {args.seed}), "
           f"the paper's procedure on the first {m}")
 
     run_method(fit_sigmoid, curves[:1])  # warm up: the first call imports scipy's optimizers
@@ -146,14 +162,17 @@ def main() -> None:
           f"(whole curves: {np.median(widths_full):.3f}), open up to 1 in {100 * open_top / max(len(cut_cov), 1):.0f}%")
 
     fast_a, paper_a = errors(fast[:m], curves[:m], "A"), errors(paper, curves[:m], "A")
+    all_a = errors(fast, curves, "A")
     checks = [
-        (f"speedup >= 100x: {speedup:,.0f}x", speedup >= 100),
-        (f"A error median <= paper's on the same {m} curves: {np.median(fast_a):.4f} vs {np.median(paper_a):.4f}",
+        (f"A error p95 <= 0.035 on all {args.curves} curves: {np.percentile(all_a, 95):.4f}",
+         np.percentile(all_a, 95) <= 0.035),
+        (f"A error p95 <= paper's on the same {m} curves: {np.percentile(fast_a, 95):.4f} vs "
+         f"{np.percentile(paper_a, 95):.4f}", np.percentile(fast_a, 95) <= np.percentile(paper_a, 95)),
+        (f"A error median <= paper's: {np.median(fast_a):.4f} vs {np.median(paper_a):.4f}",
          np.median(fast_a) <= np.median(paper_a)),
-        (f"A error p95 <= paper's: {np.percentile(fast_a, 95):.4f} vs {np.percentile(paper_a, 95):.4f}",
-         np.percentile(fast_a, 95) <= np.percentile(paper_a, 95)),
         ("coverage in 85-95%: " + ", ".join(f"{p} {100 * cov[p]:.1f}%" for p in PARAMS),
          all(0.85 <= cov[p] <= 0.95 for p in PARAMS)),
+        (f"speedup >= 100x: {speedup:,.0f}x", speedup >= 100),
         (f"no failure: {sum(f is None for f in fast)} of {args.curves}", all(f is not None for f in fast)),
     ]
     print("\ntargets")
