@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from analysis.fit import SigmoidFit
+from analysis.fit import SigmoidFit, fmt_compute
 from analysis.runs import RunCurve
 
 MARKERS = "osD^v<>ph*"
@@ -65,8 +65,8 @@ def describe(fit: SigmoidFit) -> str:
     if not fit.ok:
         return f"fit failed: {fit.status}"
     (a_lo, a_hi), (b_lo, b_hi) = fit.ci["A"], fit.ci["B"]
-    return (f"A={fit.A:.3f} [{a_lo:.3f}, {a_hi:.3f}]  B={fit.B:.2f} [{b_lo:.2f}, {_fmt(b_hi, 2)}]  "
-            f"C_mid={fit.C_mid:,.0f}")
+    return (f"A={fit.A:.3f} [{a_lo:.3f}, {a_hi:.3f}]  B={fit.B:.2f} [{b_lo:.2f}, {_fmt(b_hi, 2)}] (own fit)  "
+            f"C_mid={fmt_compute(fit.C_mid)}")
 
 
 def _fmt(x: float, digits: int) -> str:
@@ -98,7 +98,7 @@ def plot_variant(curves: Sequence[RunCurve], fit: SigmoidFit, path: Path, title:
         grid = _grid(curves)
         ax.axvline(extrap.c_fit, ls="-.", color="0.6", lw=0.8)
         ax.plot(grid[1:], extrap.sigmoid.predict(grid[1:]), "--", color="C2", lw=1.2,
-                label=f"fit on C <= {extrap.c_fit:,.0f}: end {extrap.predicted:.3f} vs {extrap.observed:.3f}")
+                label=f"fit on C <= {fmt_compute(extrap.c_fit)}: end {extrap.predicted:.3f} vs {extrap.observed:.3f}")
         if extrap.power is not None and extrap.power.ok:
             c = grid[grid >= extrap.c_fit * 0.2]
             ax.plot(c, extrap.power.predict(c), ":", color="C3", lw=1.2,
@@ -116,7 +116,7 @@ def plot_overview(items: Sequence[tuple[str, Sequence[RunCurve], SigmoidFit]], p
     grid = _grid([c for _, curves, _ in items for c in curves])
     for k, (name, curves, fit) in enumerate(items):
         col = color(k)
-        label = f"{name}: A={fit.A:.3f}, B={fit.B:.2f}" if fit.ok else f"{name}: no fit"
+        label = f"{name}: A={fit.A:.3f}, B={fit.B:.2f} (own fit)" if fit.ok else f"{name}: no fit"
         for curve in curves:
             ax.plot(curve.compute, curve.pass_rate, "o", ms=2.5, alpha=0.45, color=col)
         if fit.ok:
@@ -157,7 +157,8 @@ def plot_params(items: Sequence[tuple[str, SigmoidFit, SigmoidFit | None]], base
         ax_a.axvspan(base_fit.A - a_tie, base_fit.A + a_tie, color="0.5", alpha=0.12, lw=0)
         ax_b.axvline(base_fit.B, color="0.3", ls=":", lw=1)
     names = [name for name, _, _ in items]
-    for ax, title in ((ax_a, "A: ceiling (90% interval)"), (ax_b, "B: efficiency (hollow: at common A)")):
+    for ax, title in ((ax_a, "A: ceiling (90% interval)"),
+                      (ax_b, "B: efficiency (filled: own fit; hollow: at its tie group's common A)")):
         ax.set_yticks(ys)
         ax.set_yticklabels(names if ax is ax_a else [""] * len(names), fontsize=8)
         ax.set_title(title, fontsize=9)
@@ -184,15 +185,16 @@ def linearized_points(curves: Sequence[RunCurve], fit: SigmoidFit) -> tuple[np.n
     return np.concatenate(cs) if cs else np.zeros(0), np.concatenate(fs) if fs else np.zeros(0)
 
 
-def plot_linearized(items: Sequence[tuple[str, Sequence[RunCurve], SigmoidFit]], path: Path) -> Path:
-    """log F(R) against log C with each variant's line of slope B (its fit at the A it was compared at).
+def plot_linearized(items: Sequence[tuple[str, Sequence[RunCurve], SigmoidFit, str]], path: Path) -> Path:
+    """log F(R) against log C with each variant's line of slope B. items: (name, curves, fit, what its B is, e.g.
+    "own fit" or "at common A 0.605"), said in the legend.
 
     F is divided by C_ref^B (C_ref: the smallest c_min) so that every line passes through 1 at C_ref and the
     lines fan out by their slopes: a steeper line is a higher B."""
-    fits = [fit for _, _, fit in items if fit.ok]
+    fits = [fit for _, _, fit, _ in items if fit.ok]
     fig, ax = _figure(7.4, 5.0)
     c_ref = min((fit.c_min for fit in fits), default=1.0)
-    for k, (name, curves, fit) in enumerate(items):
+    for k, (name, curves, fit, what) in enumerate(items):
         if not fit.ok:
             continue
         col = color(k)
@@ -201,9 +203,9 @@ def plot_linearized(items: Sequence[tuple[str, Sequence[RunCurve], SigmoidFit]],
         top = max(float(cv.compute.max()) for cv in curves)
         line = np.geomspace(c_ref, top, 50)
         ax.loglog(line, (line / c_ref) ** fit.B, "-", color=col, lw=1.6,
-                  label=f"{name}: slope B = {fit.B:.2f} (A = {fit.A:.3f})")
+                  label=f"{name}: slope B = {fit.B:.2f}, {what} (A = {fit.A:.3f})")
     ax.set_xlabel("compute C (GPU-hours, log)")
-    ax.set_ylabel(f"F(R) / C_ref^B,  C_ref = {c_ref:,.0f}   (log)")
+    ax.set_ylabel(f"F(R) / C_ref^B,  C_ref = {fmt_compute(c_ref)} GPU-hours   (log)")
     ax.set_title("linearized law: F(R) = C_mid^B / ((A - R0)/(R - R0) - 1) = C^B, lines of slope B", fontsize=9)
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=7, loc="upper left")

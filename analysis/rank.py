@@ -1,29 +1,45 @@
-"""Rank variants as the paper does, with the rule made explicit, and give each a verdict against the base recipe.
+"""Rank variants as the paper does, with the rule made explicit, and give each a verdict against the base recipe,
+with the resolution it had.
 
 The paper treats A values within 0.02 as equal (three independent runs gave A within +-0.015), refits such runs
-with a common A and compares B. Here:
-- Tie on A: two fits whose A values are within 0.02, or whose 90% intervals on A overlap (the data cannot tell
-  their ceilings apart). "Within" is not transitive, so groups are anchored: the highest A not yet ranked is the
-  anchor, its group is every unranked fit tied with it; repeat with the rest.
+with a common A and compares B. Here, from the fits' 90% intervals (deviation: the intervals, not the 0.02 margin,
+decide; a difference below 0.02 that the intervals resolve is reported, labelled small):
+- Tie on A: two fits whose A intervals overlap (the data cannot tell their ceilings apart). Overlap is not
+  transitive, so groups are anchored: the highest A not yet ranked is the anchor, its group is every unranked fit
+  tied with it; repeat with the rest.
 - In a group of two or more, the members are refitted with a common A (a joint fit in which A is one shared
-  parameter, analysis/joint.py: their B intervals then include the uncertainty of that A) and ranked by their B
-  at it, highest first. Members whose B intervals overlap the best remaining one's are tied on B: they share a rank.
-  Without the data (fits alone) the fitted B and their intervals are compared.
+  parameter, analysis/joint.py: their B intervals then include the uncertainty of that A) and ranked by their B at
+  it, highest first; unless the data do not sit well with one common A (its likelihood-ratio test has p < 0.5,
+  joint.CommonAFit.a_rejected): a B at a common A would then carry the difference in A, so their own B are
+  compared. Members whose B intervals
+  overlap the best remaining one's are tied on B: they share a rank. Without the data (fits alone) the fitted B
+  and their intervals are compared.
 - Failed fits rank last, unnumbered.
 
-Verdict of a variant against the base recipe (the scalerl run): "moves A" when A differs by more than 0.02 and the
-two A intervals do not overlap; otherwise "moves B" when, the two refitted with a common A, the B intervals do not
-overlap; otherwise "no detectable change".
+Verdict of a variant against the base recipe (the scalerl run), one of: moves A, moves B, moves A and B, no
+detectable change.
+- A moved: the two A intervals do not overlap, whatever the size. Below the paper's 0.02 it is "small": the
+  intervals hold the noise of these curves, not the spread between runs of one recipe (seeds tell that).
+- B moved: the compared B intervals do not overlap. Which B are compared: where A moved, each run's own fit (a B
+  at a common A would turn the difference in A into one in B: issue 13's loo-npr); where A is indistinguishable,
+  the two refitted with a common A (the paper's method), unless its likelihood-ratio test has p < 0.5 (own fits
+  again: within overlapping intervals, a real difference in A of a few thousandths still moves B at a common A by
+  more than B's own interval).
+- Resolution (the comparison's power): the smallest |dA| and |dB| that this comparison detects 9 times in 10, from
+  the same intervals (`resolution`); "no detectable change" holds at that resolution only.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from analysis.fit import FitError, SigmoidFit
+from analysis.fit import CI_LEVEL, FitError, SigmoidFit
 
-A_TIE = 0.02
+BASELINE = "scalerl"  # the base recipe the verdicts compare with (the ablate.variant tag of its runs)
+A_TIE = 0.02  # the paper's margin: a move of A below it is labelled small
+DETECT = 0.9  # the resolution is the change detected with this probability
 
 # common(indices) -> the fits of those inputs refitted with one shared A (analysis.joint.CommonAFit);
 # raises FitError when it cannot be made
@@ -34,9 +50,9 @@ def overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return a[0] <= b[1] and b[0] <= a[1]
 
 
-def tied_on_A(f: SigmoidFit, g: SigmoidFit, a_tie: float = A_TIE) -> bool:
-    """Within the paper's 0.02, or the intervals overlap."""
-    return abs(f.A - g.A) <= a_tie + 1e-12 or overlap(f.ci["A"], g.ci["A"])
+def tied_on_A(f: SigmoidFit, g: SigmoidFit) -> bool:
+    """Their A intervals overlap: the data cannot tell the ceilings apart."""
+    return overlap(f.ci["A"], g.ci["A"])
 
 
 @dataclass(frozen=True)
@@ -46,15 +62,15 @@ class Ranked:
     fit: SigmoidFit
     index: int  # position in the input
     tie_with: tuple[str, ...] = ()  # the other members of its tie group on A
-    common_A: float | None = None  # the A its group was refitted with
+    common_A: float | None = None  # the A its group was refitted with (None: own B compared)
     b_fit: SigmoidFit | None = None  # the refit with A = common_A
     b_tie_with: tuple[str, ...] = ()  # members it is also tied with on B (same rank)
-    refit_error: str = ""
+    refit_error: str = ""  # why the group's own B were compared instead (refit failed, or a common A rejected)
     common_ci: tuple[float, float] | None = None
 
     @property
     def B_compared(self) -> float:
-        """The B it was ranked by: at the common A when it was in a tie group, else its own."""
+        """The B it was ranked by: at the common A when its group was refitted with one, else its own."""
         return self.b_fit.B if self.b_fit is not None else self.fit.B
 
     @property
@@ -65,18 +81,17 @@ class Ranked:
     def note(self) -> str:
         parts = []
         if self.tie_with:
-            at = f" (compared on B at common A = {self.common_A:.3f})" if self.common_A is not None else ""
+            if self.common_A is not None:
+                at = f" (ranked by B at their common A = {self.common_A:.3f}: {self.B_compared:.2f})"
+            else:
+                at = f" (ranked by their own B{': ' + self.refit_error if self.refit_error else ''})"
             parts.append(f"tie on A with {', '.join(self.tie_with)}{at}")
         if self.b_tie_with:
             parts.append(f"tie on B with {', '.join(self.b_tie_with)}")
-        if self.refit_error:
-            parts.append(f"common-A refit failed ({self.refit_error}): its own B was used")
         return "; ".join(parts)
 
 
-def rank_fits(
-    fits: Sequence[tuple[str, SigmoidFit]], *, common: Common | None = None, a_tie: float = A_TIE
-) -> list[Ranked]:
+def rank_fits(fits: Sequence[tuple[str, SigmoidFit]], *, common: Common | None = None) -> list[Ranked]:
     """Rank (name, fit) pairs; returns them best first, failed fits last in input order.
 
     common(indices): those fits redone with one shared A, for comparing B at a common A. Without it the fitted B
@@ -88,7 +103,7 @@ def rank_fits(
     ranked: list[Ranked] = []
     while remaining:
         anchor = remaining[0]
-        group = [anchor] + [item for item in remaining[1:] if tied_on_A(anchor[2], item[2], a_tie)]
+        group = [anchor] + [item for item in remaining[1:] if tied_on_A(anchor[2], item[2])]
         chosen = {item[0] for item in group}
         remaining = [item for item in remaining if item[0] not in chosen]
         if len(group) == 1:
@@ -101,14 +116,18 @@ def rank_fits(
 
 
 def _rank_group(group, common: Common | None, start: int) -> list[Ranked]:
-    """Members tied on A: refit with a common A, order by B, ties on B share a rank."""
+    """Members tied on A: refit with a common A (unless the data reject one), order by B, ties on B share a rank."""
     joint, error = None, ""
     if common is not None:
         try:
             joint = common([i for i, _, _ in group])
         except FitError as err:
-            error = err.reason
-    members = [dict(i=i, name=name, fit=fit, b_fit=joint.fits[k] if joint else None, error=error)
+            error = f"common-A refit failed ({err.reason})"
+        else:
+            if joint.a_rejected:
+                error = f"a common A fits poorly (likelihood ratio {joint.lr_A:.2f})"
+                joint = None
+    members = [dict(i=i, name=name, fit=fit, b_fit=joint.fits[k] if joint else None)
                for k, (i, name, fit) in enumerate(group)]
 
     def b_of(m):
@@ -134,59 +153,153 @@ def _rank_group(group, common: Common | None, start: int) -> list[Ranked]:
                 common_ci=joint.ci_A if joint else None,
                 b_fit=m["b_fit"],
                 b_tie_with=tuple(t["name"] for t in tied if t is not m),
-                refit_error=m["error"],
+                refit_error=error,
             ))
     return out
 
 
+# --- the resolution of a comparison ------------------------------------------------------------------------------
+
+
+def _halves(x: float, ci: tuple[float, float], top: float) -> tuple[float, float]:
+    """(x - low, high - x) of an interval; a side that reaches the parameter's open bound (0 below, `top` above:
+    1 for A, inf for B) is infinite: the data do not bound it."""
+    lo, hi = ci
+    below = x - lo if lo > 0 and math.isfinite(lo) else math.inf
+    above = hi - x if hi < top and math.isfinite(hi) else math.inf
+    return below, above
+
+
+def resolution(x: float, ci: tuple[float, float], x_base: float, ci_base: tuple[float, float],
+               top: float = math.inf) -> float:
+    """The smallest |x - x_base| that "the two 90% intervals do not overlap" detects with probability DETECT, in
+    either direction (the larger of the two); inf where a facing side of an interval is open.
+
+    A change d downwards is detected when the estimates differ by more than the facing half-widths,
+    t = above(x) + below(x_base). The estimates' difference has sd s = sqrt(above^2 + below_base^2) / z_90 (a
+    half-width is z_90 = 1.645 standard errors), so P(detect) = Phi((d - t) / s) = DETECT at d = t + z_DETECT s;
+    likewise upwards with the other two sides."""
+    from scipy.special import ndtri
+
+    z_ci, z_detect = float(ndtri(0.5 + CI_LEVEL / 2)), float(ndtri(DETECT))
+    below, above = _halves(x, ci, top)
+    below_base, above_base = _halves(x_base, ci_base, top)
+    worst = 0.0
+    for near, far in ((above, below_base), (below, above_base)):
+        if not (math.isfinite(near) and math.isfinite(far)):
+            return math.inf
+        worst = max(worst, near + far + z_detect * math.hypot(near, far) / z_ci)
+    return worst
+
+
 # --- verdicts against the base recipe --------------------------------------------------------------------------
 
-MOVES_A, MOVES_B, NO_CHANGE = "moves A", "moves B", "no detectable change"
+MOVES_A, MOVES_B, BOTH, NO_CHANGE = "moves A", "moves B", "moves A and B", "no detectable change"
+CATEGORIES = (MOVES_A, MOVES_B, BOTH, NO_CHANGE)
+OWN_FITS, COMMON_A = "own fits", "common A"
 
 
 @dataclass(frozen=True)
 class Verdict:
-    label: str  # moves A | moves B | no detectable change | base | no fit | no base
-    dA: float | None = None  # A - A_base
-    dB: float | None = None  # B - B_base, at their common A when compared on B (else as fitted)
-    common_A: float | None = None
-    B: tuple[float, float] | None = None  # (variant, base) B at the common A
+    label: str  # a CATEGORIES entry, or: base | no fit | no base | no verdict (a failed or truncated run)
+    dA: float | None = None  # A - A_base, own fits
+    dB: float | None = None  # B - B_base, as compared (b_basis)
+    b_basis: str = ""  # OWN_FITS or COMMON_A: which B were compared
+    common_A: float | None = None  # the A both were refitted with (b_basis COMMON_A)
+    B: tuple[float, float] | None = None  # (variant, base) B as compared
+    small: bool = False  # A moved by less than the paper's 0.02
+    resolution: tuple[float, float] | None = None  # the smallest |dA|, |dB| this comparison detects 9 times in 10
     detail: str = ""
 
+    @property
+    def moves_A(self) -> bool:
+        return self.label in (MOVES_A, BOTH)
 
-def verdict(
-    fit: SigmoidFit,
-    base: SigmoidFit | None,
-    *,
-    common: Callable[[], "CommonAFit"] | None = None,  # noqa: F821
-    a_tie: float = A_TIE,
-) -> Verdict:
+    @property
+    def moves_B(self) -> bool:
+        return self.label in (MOVES_B, BOTH)
+
+    @property
+    def text(self) -> str:
+        """The label as a table shows it: "moves A (small)" for a move below the paper's 0.02."""
+        return f"{self.label} (small)" if self.small else self.label
+
+    @property
+    def resolution_text(self) -> str:
+        """ "|ΔA| >= 0.012, |ΔB| >= 0.31" (a side the data do not bound: "not resolved")."""
+        if self.resolution is None:
+            return ""
+        dA, dB = self.resolution
+        a = f"|ΔA| >= {dA:.3f}" if math.isfinite(dA) else "ΔA not resolved (an A interval is open)"
+        b = f"|ΔB| >= {dB:.2f}" if math.isfinite(dB) else "ΔB not resolved (a B interval is open)"
+        return f"{a}, {b}"
+
+    @property
+    def B_label(self) -> str:
+        """What dB is: "at common A 0.605" or "own fits"."""
+        if self.b_basis == COMMON_A and self.common_A is not None:
+            return f"at common A {self.common_A:.3f}"
+        return self.b_basis
+
+
+def verdict(fit: SigmoidFit, base: SigmoidFit | None, *,
+            common: Callable[[], "CommonAFit"] | None = None) -> Verdict:  # noqa: F821
     """The variant's verdict against the base recipe's fit; common() refits (variant, base) with a shared A."""
     if not fit.ok:
         return Verdict("no fit", detail=fit.status)
     if base is None or not base.ok:
         return Verdict("no base", detail="no fitted base recipe (scalerl) to compare with")
     dA = fit.A - base.A
-    if abs(dA) > a_tie and not overlap(fit.ci["A"], base.ci["A"]):
-        side = "higher" if dA > 0 else "lower"
-        return Verdict(MOVES_A, dA=dA, dB=fit.B - base.B,
-                       detail=f"A {side} by {abs(dA):.3f} ({fit.A:.3f} vs {base.A:.3f}), beyond {a_tie} and the "
-                              f"intervals")
-    mine, theirs, a_common, note = fit, base, None, ""
-    if common is not None:
-        try:
-            joint = common()
-            mine, theirs, a_common = joint.fits[0], joint.fits[1], joint.A
-        except FitError as err:
-            note = f" (common-A refit failed: {err.reason}; fitted B compared)"
+    a_moved = not overlap(fit.ci["A"], base.ci["A"])
+    mine, theirs, why, joint = fit, base, "A moved", None
+    if not a_moved:
+        mine, theirs, why, joint = _b_at_common_A(fit, base, common)
+    basis = COMMON_A if joint is not None else OWN_FITS
     dB = mine.B - theirs.B
-    at = f"at common A = {a_common:.3f}" if a_common is not None else "as fitted"
-    (lo, hi), (base_lo, base_hi) = mine.ci["B"], theirs.ci["B"]
-    spans = f"[{lo:.2f}, {hi:.2f}] vs [{base_lo:.2f}, {base_hi:.2f}]"
-    if not overlap(mine.ci["B"], theirs.ci["B"]):
-        side = "higher" if dB > 0 else "lower"
-        return Verdict(MOVES_B, dA=dA, dB=dB, common_A=a_common, B=(mine.B, theirs.B),
-                       detail=f"A tied ({dA:+.3f}); B {side}: {mine.B:.2f} vs {theirs.B:.2f} {at}, {spans}{note}")
-    return Verdict(NO_CHANGE, dA=dA, dB=dB, common_A=a_common, B=(mine.B, theirs.B),
-                   detail=f"A tied ({dA:+.3f}); B {mine.B:.2f} vs {theirs.B:.2f} {at}, intervals overlap "
-                          f"{spans}{note}")
+    b_moved = not overlap(mine.ci["B"], theirs.ci["B"])
+    label = BOTH if a_moved and b_moved else MOVES_A if a_moved else MOVES_B if b_moved else NO_CHANGE
+    power = (resolution(fit.A, fit.ci["A"], base.A, base.ci["A"], top=1.0),
+             resolution(mine.B, mine.ci["B"], theirs.B, theirs.ci["B"]))
+    small = a_moved and abs(dA) < A_TIE
+    v = Verdict(label, dA=dA, dB=dB, b_basis=basis, common_A=joint.A if joint is not None else None,
+                B=(mine.B, theirs.B), small=small, resolution=power)
+    detail = f"{_a_detail(fit, base, a_moved, small)}; {_b_detail(mine, theirs, b_moved, v, why)}"
+    return Verdict(**{**v.__dict__, "detail": detail})
+
+
+def _b_at_common_A(fit: SigmoidFit, base: SigmoidFit, common):
+    """(variant B fit, base B fit, why own fits, joint or None): the pair refitted with a common A when it can be
+    made and the data do not reject it, else their own fits and the reason."""
+    if common is None:
+        return fit, base, "no data for a common-A refit", None
+    try:
+        joint = common()
+    except FitError as err:
+        return fit, base, f"common-A refit failed: {err.reason}", None
+    if joint.a_rejected:
+        return fit, base, f"a common A fits poorly (likelihood ratio {joint.lr_A:.2f} > 0.45)", None
+    return joint.fits[0], joint.fits[1], "", joint
+
+
+def _a_detail(fit: SigmoidFit, base: SigmoidFit, moved: bool, small: bool) -> str:
+    (lo, hi), (b_lo, b_hi) = fit.ci["A"], base.ci["A"]
+    spans = f"{fit.A:.3f} [{lo:.3f}, {hi:.3f}] vs {base.A:.3f} [{b_lo:.3f}, {b_hi:.3f}]"
+    if not moved:
+        return f"A indistinguishable ({fit.A - base.A:+.3f}: {spans}, the intervals overlap)"
+    side = "higher" if fit.A > base.A else "lower"
+    tail = f", small: within the paper's {A_TIE} margin between runs (a seed would tell)" if small else ""
+    return f"A {side} by {abs(fit.A - base.A):.3f} ({spans}, the intervals apart){tail}"
+
+
+def _b_detail(mine: SigmoidFit, theirs: SigmoidFit, moved: bool, v: Verdict, why: str) -> str:
+    (lo, hi), (b_lo, b_hi) = mine.ci["B"], theirs.ci["B"]
+    spans = f"{mine.B:.2f} [{lo:.2f}, {_num(hi)}] vs {theirs.B:.2f} [{b_lo:.2f}, {_num(b_hi)}]"
+    basis = v.B_label + (f" ({why})" if why and v.b_basis == OWN_FITS else "")
+    if moved:
+        side = "higher" if mine.B > theirs.B else "lower"
+        return f"B {side}: {spans}, {basis}"
+    return f"B indistinguishable: {spans}, {basis}"
+
+
+def _num(x: float) -> str:
+    return "∞" if math.isinf(x) else f"{x:.2f}"

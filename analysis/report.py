@@ -1,17 +1,23 @@
-"""MLflow runs -> sigmoid fits per variant -> ranking and verdicts -> fits.csv, report.md, report.html, PNG plots ->
-back to MLflow (attached to the sweep's parent run).
+"""MLflow runs -> sigmoid fits per variant -> ranking and verdicts -> fits.csv, variants.csv, report.md, report.html,
+PNG plots -> back to MLflow (attached to the sweep's parent run).
 
-`make_report` is the whole pipeline; `python -m analysis report` is a thin shell around it (analysis/__main__.py).
-Runs that are seeds of one variant are fitted together (analysis.runs.group_seeds); one row per variant.
+`make_report` is the whole pipeline; `python -m analysis report` is a thin shell around it (analysis/__main__.py);
+the words and tables are analysis/text.py. What one report compares (issue 13):
+- one sweep: the experiment's latest, unless `sweep` names one (ALL_SWEEPS: every sweep) or `run_ids` select runs;
+- one setup: runs of different models, tasks or generators (their params) are refused, naming the difference;
+- complete runs: a run that is not FINISHED, or FINISHED short of its train.steps, is named in the headline and
+  shown with its fit, but has no rank and no verdict; a variant's seeds that did complete are pooled without it.
+Runs that are seeds of one variant are fitted together (analysis.runs.group_seeds): one row per variant. Mock runs
+(generator=mock) carry their truth (analysis/truth.py): the report shows it beside each fit and checks each
+verdict against it.
 """
 
 from __future__ import annotations
 
-import base64
 import csv
-import html
 import math
 import re
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Collection
@@ -19,28 +25,44 @@ from typing import Collection
 import numpy as np
 
 from analysis.extrapolate import Extrapolation, extrapolation_check
-from analysis.fit import CI_LEVEL, FitError, SigmoidFit, fit_sigmoid, prepare
+from analysis.fit import FitError, SigmoidFit, fit_sigmoid, prepare
 from analysis.joint import CommonAFit, fit_common_A
-from analysis.posterior import fit_state
 from analysis.plots import plot_linearized, plot_overview, plot_params, plot_variant
-from analysis.rank import A_TIE, Ranked, Verdict, rank_fits, verdict
-from analysis.runs import NoRuns, RunCurve, find_sweep_parent, group_seeds, load_runs, resolve_tracking_uri
+from analysis.posterior import fit_state
+from analysis.rank import A_TIE, BASELINE, CATEGORIES, Ranked, Verdict, rank_fits, verdict
+from analysis.runs import (
+    ALL_SWEEPS,
+    NoRuns,
+    RunCurve,
+    check_comparable,
+    find_sweep_parent,
+    group_seeds,
+    latest_sweep,
+    load_runs,
+    resolve_tracking_uri,
+)
+from analysis.synthetic import Truth
+from analysis.text import html_page, markdown_page, terminal_text
+from analysis.truth import Expected, expected, run_truth
 
-BASELINE = "scalerl"
 CSV_COLUMNS = ["variant", "A", "A_lo", "A_hi", "B", "B_lo", "B_hi", "C_mid", "R0", "n_points", "status"]
 # after the eleven: the ranking (rank; the tie group's common A and the B at it), the verdict against the base
-# (dB at the pair's common A, verdict_common_A, unless A moved), the seeds, the half-run extrapolation check
-CSV_EXTRA = ["C_mid_lo", "C_mid_hi", "rank", "rank_common_A", "rank_B", "rank_B_lo", "rank_B_hi", "verdict", "dA",
-             "dB", "verdict_common_A", "n_seeds", "label", "run_ids", "extrap_fit_to", "extrap_predicted",
-             "extrap_lo", "extrap_hi", "extrap_observed", "powerlaw_A", "powerlaw_predicted", "notes"]
+# (dA; dB as compared, dB_basis: own fits or common A, verdict_common_A; the resolution), the seeds, the
+# half-run extrapolation check, and for mock runs the truth and whether the verdict agrees with it
+CSV_EXTRA = ["C_mid_lo", "C_mid_hi", "rank", "rank_common_A", "rank_B", "rank_B_lo", "rank_B_hi", "verdict",
+             "verdict_small", "dA", "dB", "dB_basis", "verdict_common_A", "resolution_dA", "resolution_dB",
+             "n_seeds", "label", "run_ids", "extrap_fit_to", "extrap_predicted", "extrap_lo", "extrap_hi",
+             "extrap_observed", "powerlaw_A", "powerlaw_predicted", "true_A", "true_B", "true_C_mid", "true_dA",
+             "true_dB", "truth_says", "truth_disagrees", "notes"]
 ARTIFACT_DIR = "report"
 EXTRAPOLATION_FRACTION = 0.5
 
 
 @dataclass
 class ReportRow:
-    """One variant (its seeds pooled) in rank order. `status` is the fit status, with the runs' state appended
-    when one did not finish (e.g. "ok; run RUNNING (provisional)"); `dA`, `dB` the change vs the base recipe."""
+    """One variant (its complete seeds pooled, or its incomplete runs) in rank order. `status` is the fit status,
+    with why the runs are incomplete appended; `verdict` is against the base recipe ("no verdict" for incomplete
+    runs)."""
 
     rank: int | None
     variant: str
@@ -53,6 +75,9 @@ class ReportRow:
     ranked: Ranked = field(repr=False)
     extrapolation: Extrapolation = field(repr=False)
     plot: Path = field(default=Path())
+    incomplete: str = ""  # why its runs get no verdict ("FAILED at step 400 of 1,600"), "" for complete runs
+    truth: Truth | None = None  # mock runs: the law the pooled curves follow
+    expected: Expected | None = None  # mock runs: what the truth says the verdict should be at its resolution
 
     @property
     def run_id(self) -> str:
@@ -83,24 +108,40 @@ class ReportRow:
     def dB(self) -> float | None:
         return self.verdict.dB
 
+    @property
+    def truth_disagrees(self) -> str:
+        """Mock runs: "" when the verdict is right by its truth (analysis/truth.py), else why not."""
+        if self.expected is None:
+            return ""
+        v = self.verdict
+        return self.expected.judge(v.moves_A, v.dA, v.moves_B, v.dB)
+
+    @property
+    def B_label(self) -> str:
+        """What the B of its ranking is: its own fit's, or at its tie group's common A."""
+        if self.ranked.b_fit is not None and self.ranked.common_A is not None:
+            return f"at common A {self.ranked.common_A:.3f}"
+        return "own fit"
+
 
 @dataclass
 class Report:
     experiment: str
-    sweep: str | None
+    sweep: str | None  # the sweep reported (None: runs selected by id; ALL_SWEEPS: every sweep)
     rows: list[ReportRow]
     out_dir: Path
     csv: Path
     markdown: Path
     html: Path
     overview: Path
-    table_md: str  # the ranked table alone, in markdown
+    table_md: str = ""  # what the terminal shows: the headline, the ranked table (<= 120 columns), the notes below
     artifact_run_id: str | None = None  # the parent run the files were attached to
     artifact_error: str | None = None  # why attaching failed, when it did
     plots: list[Path] = field(default_factory=list)  # one per variant
     params_plot: Path | None = None
     linearized: Path | None = None
     base: str | None = None  # label of the base recipe's row
+    sweeps: tuple[str, ...] = ()  # the sweep ids of the runs reported
 
     @property
     def variants_csv(self) -> Path:
@@ -111,6 +152,28 @@ class Report:
         figures = [p for p in (self.params_plot, self.linearized) if p is not None]
         return [self.csv, self.variants_csv, self.markdown, self.html, self.overview, *figures, *self.plots]
 
+    @property
+    def left_out(self) -> list[ReportRow]:
+        """Rows of incomplete runs: no rank, no verdict."""
+        return [row for row in self.rows if row.incomplete]
+
+    @property
+    def verdicts(self) -> list[ReportRow]:
+        """Rows with a verdict against the base (one of rank.CATEGORIES)."""
+        return [row for row in self.rows if row.verdict.label in CATEGORIES]
+
+    @property
+    def has_truth(self) -> bool:
+        return any(row.expected is not None for row in self.rows)
+
+    @property
+    def resolution(self) -> tuple[float, float] | None:
+        """The median over the verdicts of their resolution (|dA|, |dB|); None without verdicts."""
+        res = [row.verdict.resolution for row in self.verdicts if row.verdict.resolution]
+        if not res:
+            return None
+        return statistics.median(r[0] for r in res), statistics.median(r[1] for r in res)
+
 
 def make_report(
     experiment: str,
@@ -119,84 +182,54 @@ def make_report(
     sweep: str | None = None,
     run_ids: Collection[str] | None = None,
 ) -> Report:
-    """Fit every variant of `experiment` (optionally one sweep, or only `run_ids`), rank them, write the report
-    files to out_dir (default reports/<experiment>) and attach them to the sweep's parent run under report/.
+    """Fit every variant of one sweep of `experiment` (the latest unless `sweep` names one; ALL_SWEEPS: every
+    sweep; or only `run_ids`), rank them, write the report files to out_dir (default reports/<experiment>) and
+    attach them to the sweep's parent run under report/.
 
-    Raises analysis.runs.AnalysisError subclasses for bad input (unknown experiment, no runs, no server)."""
+    Raises analysis.runs.AnalysisError subclasses for bad input (unknown experiment, no runs, no server, runs of
+    different models, tasks or generators)."""
     uri = resolve_tracking_uri(tracking_uri)
-    curves = load_runs(experiment, uri, sweep, run_ids)
+    if run_ids is None and sweep is None:
+        sweep = latest_sweep(experiment, uri)
+    curves = load_runs(experiment, uri, None if sweep == ALL_SWEEPS else sweep, run_ids)
     if not curves:
-        where = f" for sweep {sweep!r}" if sweep else ""
+        where = f" for sweep {sweep!r}" if sweep and sweep != ALL_SWEEPS else ""
         where += " among the given run ids" if run_ids is not None else ""
         raise NoRuns(f"no variant runs in experiment {experiment!r}{where}")
+    check_comparable(curves)
     out = Path(out_dir) if out_dir is not None else Path("reports") / _safe(experiment)
     out.mkdir(parents=True, exist_ok=True)
 
-    groups = group_seeds(curves)
-    labels = _labels(groups)
-    states = [_state(group) for group in groups]
-    fits = [st if isinstance(st, SigmoidFit) else st.fit for st in states]
-
-    def common(indices: list[int]) -> CommonAFit:
-        bad = [labels[i] for i in indices if isinstance(states[i], SigmoidFit)]
-        if bad:
-            raise FitError(f"no fit for {', '.join(bad)}")
-        return fit_common_A([states[i].data for i in indices], [states[i] for i in indices])
-
-    ranked = rank_fits(list(zip(labels, fits)), common=common)
-    base_i = _base_index(groups, fits)
-    rows = []
-    for r in ranked:
-        group, fit = groups[r.index], r.fit
-        if base_i is None:
-            v = verdict(fit, None)
-        elif r.index == base_i:
-            v = Verdict("base", dA=0.0, dB=0.0, detail="the base recipe") if fit.ok else verdict(fit, None)
-        else:
-            i = r.index
-            v = verdict(fit, fits[base_i], common=lambda i=i: common([i, base_i]))
-        rows.append(ReportRow(
-            rank=r.rank,
-            variant=group[0].variant,
-            label=r.name,
-            curves=group,
-            fit=fit,
-            status=_status(fit, group),
-            note="; ".join(n for n in (r.note, *fit.notes, *(n for c in group for n in c.notes)) if n),
-            verdict=v,
-            ranked=r,
-            extrapolation=_extrapolate(group),
-            plot=out / f"fit-{_safe(r.name)}.png",
-        ))
-
+    rows = _rows(curves, out)
+    base = next((row for row in rows if row.verdict.label == "base"), None)
     for row in rows:
         title = f"{row.label} ({_seeds(row)}, {row.run_status})"
         plot_variant(row.curves, row.fit, row.plot, title, extrap=row.extrapolation)
     overview = plot_overview([(row.label, row.curves, row.fit) for row in rows], out / "overview.png")
-    base_label = labels[base_i] if base_i is not None else None
-    params_plot = plot_params([(row.label, row.fit, row.ranked.b_fit) for row in rows], base_label,
-                              out / "params.png", A_TIE)
-    linear_items = [(row.label, row.curves, row.ranked.b_fit or row.fit) for row in rows]
+    params_plot = plot_params([(row.label, row.fit, row.ranked.b_fit) for row in rows],
+                              base.label if base else None, out / "params.png", A_TIE)
+    linear_items = [(row.label, row.curves, row.ranked.b_fit or row.fit, row.B_label) for row in rows]
     linearized = plot_linearized(linear_items, out / "linearized.png")
 
     report = Report(
         experiment=experiment,
-        sweep=sweep,
+        sweep=sweep if run_ids is None else None,
         rows=rows,
         out_dir=out,
         csv=_write_run_csv(rows, out / "fits.csv"),
         markdown=out / "report.md",
         html=out / "report.html",
         overview=overview,
-        table_md=_markdown_table(rows),
         plots=[row.plot for row in rows],
         params_plot=params_plot,
         linearized=linearized,
-        base=base_label,
+        base=base.label if base else None,
+        sweeps=tuple(sorted({c.sweep for c in curves})),
     )
+    report.table_md = terminal_text(report)
     _write_csv(rows, report.variants_csv)
-    report.markdown.write_text(_markdown(report))
-    report.html.write_text(_html(report))
+    report.markdown.write_text(markdown_page(report))
+    report.html.write_text(html_page(report))
 
     parent = _parent_run(curves, experiment, uri, sweep)
     if parent is not None:
@@ -208,7 +241,64 @@ def make_report(
     return report
 
 
-# --- fitting -----------------------------------------------------------------------------------------------------
+# --- rows: fits, ranking, verdicts, truth ------------------------------------------------------------------------
+
+
+def _rows(curves: list[RunCurve], out: Path) -> list[ReportRow]:
+    """Complete runs: grouped into variants, fitted, ranked, judged against the base; then incomplete runs,
+    grouped and fitted, with no rank and no verdict."""
+    complete = group_seeds([c for c in curves if not c.incomplete])
+    incomplete = group_seeds([c for c in curves if c.incomplete])
+    groups = complete + incomplete
+    labels = _labels(groups)
+    states = [_state(group) for group in groups]
+    fits = [st if isinstance(st, SigmoidFit) else st.fit for st in states]
+    truths = [run_truth([c.params for c in group]) for group in groups]
+
+    def common(indices: list[int]) -> CommonAFit:
+        bad = [labels[i] for i in indices if isinstance(states[i], SigmoidFit)]
+        if bad:
+            raise FitError(f"no fit for {', '.join(bad)}")
+        return fit_common_A([states[i].data for i in indices], [states[i] for i in indices])
+
+    n = len(complete)
+    ranked = rank_fits(list(zip(labels[:n], fits[:n])), common=common)
+    ranked += [Ranked(rank=None, name=labels[i], fit=fits[i], index=i) for i in range(n, len(groups))]
+    base_i = _base_index(complete, fits)
+    rows = []
+    for r in ranked:
+        i, group = r.index, groups[r.index]
+        why = "; ".join(sorted({c.incomplete for c in group if c.incomplete}))
+        v = _verdict(i, base_i, fits, common, why)
+        seen = (truths[i] is not None and base_i is not None and truths[base_i] is not None
+                and v.label in CATEGORIES and v.resolution is not None)
+        rows.append(ReportRow(
+            rank=r.rank,
+            variant=group[0].variant,
+            label=r.name,
+            curves=group,
+            fit=fits[i],
+            status=f"{fits[i].status}; {why}" if why else fits[i].status,
+            note="; ".join(n for n in (r.note, *fits[i].notes, *(n for c in group for n in c.notes)) if n),
+            verdict=v,
+            ranked=r,
+            extrapolation=_extrapolate(group),
+            plot=out / f"fit-{_safe(r.name)}.png",
+            incomplete=why,
+            truth=truths[i],
+            expected=expected(truths[i], truths[base_i], v.resolution) if seen else None,
+        ))
+    return rows
+
+
+def _verdict(i: int, base_i: int | None, fits: list[SigmoidFit], common, why_incomplete: str) -> Verdict:
+    if why_incomplete:
+        return Verdict("no verdict", detail=f"incomplete: {why_incomplete}")
+    if base_i is None:
+        return verdict(fits[i], None)
+    if i == base_i:
+        return Verdict("base", dA=0.0, dB=0.0, detail="the base recipe") if fits[i].ok else verdict(fits[i], None)
+    return verdict(fits[i], fits[base_i], common=lambda: common([i, base_i]))
 
 
 def _pooled(group: list[RunCurve]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -243,19 +333,9 @@ def _extrapolate(group: list[RunCurve]) -> Extrapolation:
     return extrapolation_check(compute, reward, fraction=EXTRAPOLATION_FRACTION, runs=runs)
 
 
-def _status(fit: SigmoidFit, group: list[RunCurve]) -> str:
-    unfinished = [c.status for c in group if c.status != "FINISHED"]
-    if not unfinished:
-        return fit.status
-    states = sorted(set(unfinished))
-    running = any(s in ("RUNNING", "SCHEDULED") for s in states)
-    what = "run" if len(group) == 1 else f"{len(unfinished)} of {len(group)} runs"
-    tail = " (provisional)" if running and fit.ok else ""
-    return f"{fit.status}; {what} {'/'.join(states)}{tail}"
-
-
 def _base_index(groups: list[list[RunCurve]], fits: list[SigmoidFit]) -> int | None:
-    """The base recipe: the scalerl variant (the fitted one with the most seeds, then the first)."""
+    """The base recipe among complete groups: the scalerl variant (the fitted one with the most seeds, then the
+    first)."""
     candidates = [i for i, g in enumerate(groups) if g[0].variant == BASELINE]
     if not candidates:
         return None
@@ -272,8 +352,9 @@ def _seeds(row: ReportRow) -> str:
 
 
 def _parent_run(curves: list[RunCurve], experiment: str, uri: str, sweep: str | None) -> str | None:
-    """The sweep's parent run: the run tagged role=sweep for --sweep, else the one parent all runs share."""
-    if sweep:
+    """The sweep's parent run: the run tagged role=sweep for the sweep reported, else the one parent all runs
+    share."""
+    if sweep and sweep != ALL_SWEEPS:
         parent = find_sweep_parent(experiment, sweep, uri)
         if parent:
             return parent
@@ -290,7 +371,7 @@ def _attach(uri: str, run_id: str, paths: list[Path]) -> None:
         client.log_artifact(run_id, str(path), artifact_path=ARTIFACT_DIR)
 
 
-# --- formatting ------------------------------------------------------------------------------------------------
+# --- csv files ---------------------------------------------------------------------------------------------------
 
 
 def _safe(name: str) -> str:
@@ -319,7 +400,8 @@ def _write_run_csv(rows: list[ReportRow], path: Path) -> Path:
                     fit = state if isinstance(state, SigmoidFit) else state.fit
                 numbers = ([fit.A, *fit.ci["A"], fit.B, *fit.ci["B"], fit.C_mid, fit.R0, fit.n_points] if fit.ok
                            else [math.nan] * (len(CSV_COLUMNS) - 2))
-                status = row.status if row.n_seeds == 1 else _status(fit, [curve])
+                status = row.status if row.n_seeds == 1 else (
+                    f"{fit.status}; {curve.incomplete}" if curve.incomplete else fit.status)
                 writer.writerow([row.variant, *(_csv_num(x) for x in numbers), status, curve.run_id,
                                  "" if row.rank is None else row.rank, row.verdict.label])
     return path
@@ -327,7 +409,8 @@ def _write_run_csv(rows: list[ReportRow], path: Path) -> Path:
 
 def _write_csv(rows: list[ReportRow], path: Path) -> Path:
     """variants.csv: one row per variant (seeds pooled), the eleven documented columns first, then the rest (rank,
-    the common-A refit, the verdict, the seeds, the extrapolation check); rows in rank order."""
+    the common-A refit, the verdict and its resolution, the seeds, the extrapolation check, the truth of mock
+    runs); rows in rank order."""
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(CSV_COLUMNS + CSV_EXTRA)
@@ -342,226 +425,16 @@ def _write_csv(rows: list[ReportRow], path: Path) -> Path:
             rank_b = [row.ranked.common_A, b_fit.B, *b_fit.ci["B"]] if b_fit is not None else [None] * 4
             ex_numbers = [ex.c_fit if ex.ok else None, ex.predicted, *ex.predicted_ci, ex.observed,
                           ex.power.A if ex.power is not None and ex.power.ok else None, ex.power_predicted]
+            res = v.resolution or (None, None)
+            t, e = row.truth, row.expected
+            truth = [t.A, t.B, t.C_mid] if t is not None else [None] * 3
+            truth += [e.dA, e.dB] if e is not None else [None] * 2
             writer.writerow([
                 row.variant, *(_csv_num(x) for x in numbers), row.status,
                 *(_csv_num(x) for x in c_ci), "" if row.rank is None else row.rank, *(_csv_num(x) for x in rank_b),
-                v.label, _csv_num(v.dA), _csv_num(v.dB), _csv_num(v.common_A),
-                row.n_seeds, row.label, " ".join(row.run_ids), *(_csv_num(x) for x in ex_numbers), row.note,
+                v.label, "small" if v.small else "", _csv_num(v.dA), _csv_num(v.dB), v.b_basis,
+                _csv_num(v.common_A), *(_csv_num(x) for x in res),
+                row.n_seeds, row.label, " ".join(row.run_ids), *(_csv_num(x) for x in ex_numbers),
+                *(_csv_num(x) for x in truth), e.text if e is not None else "", row.truth_disagrees, row.note,
             ])
     return path
-
-
-def _num(x: float, digits: int) -> str:
-    if math.isinf(x):
-        return "∞" if x > 0 else "-∞"
-    return f"{x:.{digits}f}"
-
-
-def _compute(x: float) -> str:
-    return "∞" if math.isinf(x) else (f"{x:,.0f}" if x >= 10 else f"{x:.3g}")
-
-
-def _delta(x: float | None, digits: int) -> str:
-    return "" if x is None else f"{x:+.{digits}f}"
-
-
-TABLE_HEADERS = ["rank", "variant", "seeds", "A [90% CI]", "B [90% CI]", "C_mid GPU-h [90% CI]",
-                 f"ΔA vs {BASELINE}", f"ΔB vs {BASELINE}", "verdict", "status", "notes"]
-
-
-def _change(row: ReportRow) -> tuple[str, str]:
-    v = row.verdict
-    if v.label in ("no fit", "no base") or v.dA is None:
-        return "", ""
-    dB = _delta(v.dB, 2)
-    if v.common_A is not None and v.label != "moves A":
-        dB += f" (at A={v.common_A:.3f})"
-    return _delta(v.dA, 3), dB
-
-
-def _table_cells(rows: list[ReportRow]) -> list[list[str]]:
-    cells = []
-    for row in rows:
-        fit = row.fit
-        if fit.ok:
-            (a_lo, a_hi), (b_lo, b_hi), c_ci = fit.ci["A"], fit.ci["B"], fit.ci["C_mid"]
-            numbers = [
-                f"{_num(fit.A, 3)} [{_num(a_lo, 3)}, {_num(a_hi, 3)}]",
-                f"{_num(fit.B, 2)} [{_num(b_lo, 2)}, {_num(b_hi, 2)}]",
-                f"{_compute(fit.C_mid)} [{_compute(c_ci[0])}, {_compute(c_ci[1])}]",
-                *_change(row),
-            ]
-        else:
-            numbers = [""] * 5
-        rank = "" if row.rank is None else str(row.rank)
-        cells.append([rank, row.label, str(row.n_seeds), *numbers, row.verdict.label, row.status, row.note])
-    return cells
-
-
-def _md_line(cells) -> str:
-    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
-
-
-def _markdown_table(rows: list[ReportRow]) -> str:
-    lines = [_md_line(TABLE_HEADERS), "|" + "---|" * len(TABLE_HEADERS)]
-    lines += [_md_line(cells) for cells in _table_cells(rows)]
-    return "\n".join(lines)
-
-
-EXTRAP_HEADERS = ["variant", "fitted up to GPU-h", "end GPU-h", "predicted end [90%]", "observed end",
-                  "error", "power law: A", "power law: predicted end", "power law: error"]
-
-
-def _extrap_cells(rows: list[ReportRow]) -> list[list[str]]:
-    cells = []
-    for row in rows:
-        ex = row.extrapolation
-        if not ex.ok:
-            cells.append([row.label, "", "", ex.status, _num(ex.observed, 3) if math.isfinite(ex.observed) else "",
-                          "", "", "", ""])
-            continue
-        power = ex.power if ex.power is not None and ex.power.ok else None
-        cells.append([
-            row.label, _compute(ex.c_fit), _compute(ex.c_end),
-            f"{ex.predicted:.3f} [{ex.predicted_ci[0]:.3f}, {ex.predicted_ci[1]:.3f}]",
-            f"{ex.observed:.3f}", f"{ex.error:+.3f}",
-            f"{power.A:.3f}" if power else "", f"{ex.power_predicted:.3f}" if power else "",
-            f"{ex.power_error:+.3f}" if power else "",
-        ])
-    return cells
-
-
-def _verdict_lines(report: Report) -> list[str]:
-    lines = []
-    for row in report.rows:
-        if row.verdict.label in ("base",):
-            continue
-        lines.append(f"{row.label}: {row.verdict.label}" + (f" ({row.verdict.detail})" if row.verdict.detail else ""))
-    return lines
-
-
-def _intro(report: Report) -> list[str]:
-    """The explanatory paragraphs shared by the markdown and the HTML report."""
-    sweep = f", sweep {report.sweep}" if report.sweep else ""
-    n_runs = sum(row.n_seeds for row in report.rows)
-    counts = {}
-    for row in report.rows:
-        counts[row.verdict.label] = counts.get(row.verdict.label, 0) + 1
-    summary = ", ".join(f"{n} {label}" for label, n in counts.items() if label != "base")
-    base = (f"Verdicts against the base recipe {report.base}: {summary}." if report.base
-            else f"No {BASELINE} run: no verdicts against a base recipe.")
-    return [
-        f"Experiment {report.experiment}{sweep}: {len(report.rows)} variants from {n_runs} runs, "
-        f"{sum(r.fit.ok for r in report.rows)} fitted. {base}",
-        "Each variant's validation pass rate R is fitted against training compute C (GPU-hours) with the sigmoid "
-        "law of ScaleRL (Eq. 1): R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B). "
-        "A is the ceiling: the pass rate the recipe approaches with unlimited compute. B is the efficiency: how "
-        "steeply the curve climbs towards A (higher is faster). C_mid is the compute at half of the gain A - R0. "
-        "R0 is the pass rate before RL (step 0), not fitted. Seeds of one variant are fitted together.",
-        f"Points below 1.5/16 of a run's final compute are left out, as in the paper. Intervals are "
-        f"{CI_LEVEL:.0%} likelihood-ratio intervals under a noise model fitted to each variant's residuals (white "
-        "noise plus a slow wobble correlated in compute); a bound of 1 on A, or ∞ on B or C_mid, means the data do "
-        "not bound that side (typically: the run stopped before its midpoint).",
-        f"Ranking (the paper's rule, made explicit): by A, highest first. Variants whose A are within {A_TIE} of "
-        "the group's best, or whose A intervals overlap it, are tied on A: they are refitted together with one "
-        "common A (a shared parameter, so its uncertainty widens every B interval) and ranked by their B at it; "
-        "overlapping B intervals are a tie (same rank).",
-        f"Verdict against {BASELINE}: \"moves A\" when A differs by more than {A_TIE} and the intervals do not "
-        "overlap; else \"moves B\" when, refitted with their common A, the B intervals do not overlap; else \"no "
-        "detectable change\". ΔB is at that common A (shown) unless A moved.",
-    ]
-
-
-def _markdown(report: Report) -> str:
-    parts = [f"# Sigmoid fits: {report.experiment}", "", *(p + "\n" for p in _intro(report)), report.table_md, ""]
-    verdicts = _verdict_lines(report)
-    if verdicts:
-        parts += ["## Verdicts", "", *(f"- {line}" for line in verdicts), ""]
-    parts += ["## A and B side by side", "", f"![A and B]({report.params_plot.name})", ""]
-    parts += ["## Curves and fits", "", f"![all variants]({report.overview.name})", ""]
-    parts += ["## Linearized (slope B)", "", f"![linearized]({report.linearized.name})", ""]
-    parts += ["## Extrapolation check", "",
-              f"Each variant refitted on the first {EXTRAPOLATION_FRACTION:.0%} of its compute; the fit's prediction "
-              "for the end of the run (mean over its last 5% of compute) against what was observed there, and a "
-              "power law R = A - D/C^B fitted to the same points, for contrast.", ""]
-    parts += [_md_line(EXTRAP_HEADERS), "|" + "---|" * len(EXTRAP_HEADERS)]
-    parts += [_md_line(cells) for cells in _extrap_cells(report.rows)]
-    parts += ["", "## Per variant", ""]
-    parts += [f"![{row.label}]({row.plot.name})" for row in report.rows]
-    return "\n".join(parts) + "\n"
-
-
-CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 1250px; margin: 2em auto;
-       padding: 0 1em; color: #1f2328; line-height: 1.45; }
-h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; }
-table { border-collapse: collapse; font-size: 0.88em; width: 100%; }
-th, td { border: 1px solid #d0d7de; padding: 0.35em 0.6em; text-align: left; vertical-align: top; }
-th { background: #f6f8fa; } tr:nth-child(even) td { background: #fbfcfd; }
-td.num { font-variant-numeric: tabular-nums; white-space: nowrap; }
-tr.failed td { color: #9a3412; }
-td.v-movesA { font-weight: 600; color: #9a3412; } td.v-movesB { font-weight: 600; color: #1d4ed8; }
-.plots { display: flex; flex-wrap: wrap; gap: 1em; }
-.plots img { max-width: 100%; border: 1px solid #d0d7de; }
-.wide img { max-width: 100%; }
-p.small { font-size: 0.9em; color: #57606a; }
-"""
-
-
-def _img(path: Path, alt: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode("ascii")
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
-
-
-def _html_table(headers: list[str], rows_cells: list[list[str]], classes: list[str], num_cols: range) -> str:
-    esc = html.escape
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
-    body = []
-    for klass, cells in zip(classes, rows_cells):
-        tds = []
-        for i, c in enumerate(cells):
-            cls = ' class="num"' if i in num_cols else ""
-            if headers[i] == "verdict" and c in ("moves A", "moves B"):
-                cls = f' class="v-{c.replace(" ", "")}"'
-            tds.append(f"<td{cls}>{esc(c)}</td>")
-        body.append(f"<tr{klass}>{''.join(tds)}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>\n" + "\n".join(body) + "\n</tbody></table>"
-
-
-def _html(report: Report) -> str:
-    esc = html.escape
-    classes = ["" if row.fit.ok else ' class="failed"' for row in report.rows]
-    table = _html_table(TABLE_HEADERS, _table_cells(report.rows), classes, range(2, 8))
-    extrap = _html_table(EXTRAP_HEADERS, _extrap_cells(report.rows), [""] * len(report.rows), range(1, 9))
-    intro = "".join(f"<p>{esc(p)}</p>" for p in _intro(report)[:1])
-    method = "".join(f'<p class="small">{esc(p)}</p>' for p in _intro(report)[1:])
-    verdicts = "".join(f"<li>{esc(line)}</li>" for line in _verdict_lines(report))
-    plots = "\n".join(_img(row.plot, row.label) for row in report.rows)
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<title>Sigmoid fits: {esc(report.experiment)}</title>
-<style>{CSS}</style></head>
-<body>
-<h1>Sigmoid fits: {esc(report.experiment)}</h1>
-{intro}
-{table}
-{f"<h2>Verdicts</h2><ul>{verdicts}</ul>" if verdicts else ""}
-<h2>A and B side by side</h2>
-<div class="wide">{_img(report.params_plot, "A and B with intervals")}</div>
-<h2>Curves and fits</h2>
-<div class="wide">{_img(report.overview, "all variants")}</div>
-<h2>Linearized: log F(R) against log C, slope B</h2>
-<div class="wide">{_img(report.linearized, "linearized")}</div>
-<h2>Extrapolation check</h2>
-<p class="small">Each variant refitted on the first {EXTRAPOLATION_FRACTION:.0%} of its compute; the prediction for
-the end of the run (mean over its last 5% of compute) against what was observed, and a power law R = A - D/C^B
-fitted to the same points, for contrast.</p>
-{extrap}
-<h2>Per variant</h2>
-<div class="plots">
-{plots}
-</div>
-<h2>Method</h2>
-{method}
-</body></html>
-"""

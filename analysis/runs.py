@@ -19,6 +19,8 @@ from ablate.tracking import server_problem  # stdlib only: no torch, no trainer
 
 PASS_RATE = "val/pass_rate"
 COMPUTE = "compute/gpu_hours"
+END_REASON_TAG = "ablate.end_reason"  # why a FINISHED run stopped before train.steps, when the trainer says
+ALL_SWEEPS = "all"  # `--sweep all`: every sweep of the experiment
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 HEALTH_TIMEOUT_S = 5.0
 
@@ -57,6 +59,30 @@ class RunCurve:
     pass_rate: np.ndarray = field(repr=False)
     notes: tuple[str, ...] = ()
     params: dict = field(default_factory=dict, repr=False)  # the run's MLflow params (the flattened config)
+    last_step: int = 0  # the last optimizer step it logged (any metric)
+    tags: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def planned_steps(self) -> int | None:
+        """train.steps of its config (None when not logged)."""
+        try:
+            return int(float(self.params["train.steps"]))
+        except (KeyError, ValueError):
+            return None
+
+    @property
+    def incomplete(self) -> str:
+        """Why the run cannot be compared with finished ones, or "": not FINISHED ("FAILED at step 730 of 1,000"),
+        or FINISHED short of its configured steps ("truncated at step 730 of 1,000", with the reason the trainer
+        tagged, ablate.end_reason, when there is one)."""
+        planned = self.planned_steps
+        of = f" of {planned:,}" if planned else ""
+        if self.status != "FINISHED":
+            return f"{self.status} at step {self.last_step:,}{of}"
+        if planned and self.last_step < planned:
+            reason = self.tags.get(END_REASON_TAG)
+            return f"truncated at step {self.last_step:,}{of}" + (f": {reason}" if reason else "")
+        return ""
 
 
 def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
@@ -102,6 +128,19 @@ def load_runs(
         runs = [run for run in runs if run.info.run_id in wanted]
     runs.sort(key=lambda run: run.info.start_time or 0)
     return [_curve(client, run) for run in runs]
+
+
+def latest_sweep(experiment: str, tracking_uri: str | None = None) -> str | None:
+    """The sweep id (tag ablate.sweep) of the variant run started last in `experiment`; None when there is none
+    (or the experiment does not exist: load_runs says so)."""
+    client = _client(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    for run in client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"], max_results=200):
+        if _is_variant(run.data.tags):
+            return run.data.tags.get("ablate.sweep", "none")
+    return None
 
 
 def find_sweep_parent(experiment: str, sweep: str, tracking_uri: str | None = None) -> str | None:
@@ -184,6 +223,7 @@ def _curve(client, run) -> RunCurve:
     val_steps, val = _history(client, run.info.run_id, PASS_RATE)
     comp_steps, comp = _history(client, run.info.run_id, COMPUTE)
     step, compute, pass_rate, notes = _join_on_step(val_steps, val, comp_steps, comp)
+    last_step = int(max(val_steps.max(initial=0), comp_steps.max(initial=0)))
     return RunCurve(
         run_id=run.info.run_id,
         run_name=run.info.run_name or "",
@@ -199,7 +239,48 @@ def _curve(client, run) -> RunCurve:
         pass_rate=pass_rate,
         notes=notes,
         params=dict(run.data.params),
+        last_step=last_step,
+        tags=dict(tags),
     )
+
+
+# --- what may be compared --------------------------------------------------------------------------------------
+
+# The params that make two runs' curves comparable: the same model, task and generator. (model.device says where
+# it ran, not what.)
+SETUP_KEYS = ("task.name", "generator.name")
+SETUP_PREFIXES = ("model.",)
+SETUP_IGNORED = ("model.device",)
+
+
+class NotComparable(AnalysisError):
+    """The runs of one report differ in model, task or generator."""
+
+
+def setup_of(curve: RunCurve) -> dict:
+    """The params that must agree for curves to be ranked together (empty for a run without logged params)."""
+    return {k: v for k, v in curve.params.items()
+            if (k in SETUP_KEYS or k.startswith(SETUP_PREFIXES)) and k not in SETUP_IGNORED}
+
+
+def check_comparable(curves: list[RunCurve]) -> None:
+    """Raise NotComparable naming the params that differ and which runs (by sweep) have which value. Runs
+    without params are not checked."""
+    setups = [(curve, setup_of(curve)) for curve in curves if curve.params]
+    keys = sorted({k for _, setup in setups for k in setup})
+    differ = [k for k in keys if len({setup.get(k) for _, setup in setups}) > 1]
+    if not differ:
+        return
+    described = []
+    for key in differ[:3]:
+        values: dict[str, set] = {}
+        for curve, setup in setups:
+            values.setdefault(str(setup.get(key, "(not set)")), set()).add(curve.sweep)
+        described.append(f"{key}: " + "; ".join(f"{value} (sweep {', '.join(sorted(sweeps))})"
+                                                for value, sweeps in sorted(values.items())))
+    more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""
+    raise NotComparable(f"these runs differ in {', '.join(differ[:3])}{more} and cannot be ranked together: "
+                        + " | ".join(described) + ". Report one at a time with --sweep ID")
 
 
 # --- seeds of one variant --------------------------------------------------------------------------------------

@@ -1,14 +1,16 @@
-"""The ranking rule (A first; A within 0.02 or overlapping intervals: a tie, compared on B at a common A; ties on B
-share a rank; failed fits last) and the verdicts against the base recipe."""
+"""The ranking rule (A first; overlapping A intervals: a tie, compared on B at a common A unless the data fit one
+poorly; ties on B share a rank; failed fits last), the verdicts against the base recipe, and their resolution."""
+
+import math
 
 import numpy as np
 import pytest
 
 from analysis import SigmoidFit
 from analysis.fit import prepare
-from analysis.joint import fit_common_A
+from analysis.joint import CommonAFit, fit_common_A
 from analysis.posterior import fit_state
-from analysis.rank import MOVES_A, MOVES_B, NO_CHANGE, rank_fits, verdict
+from analysis.rank import BOTH, COMMON_A, MOVES_A, MOVES_B, NO_CHANGE, OWN_FITS, rank_fits, resolution, verdict
 from analysis.synthetic import Truth, make_curve
 
 
@@ -17,16 +19,17 @@ def fit(A, B, a_half=0.005, b_half=0.2):
                       ci={"A": (A - a_half, A + a_half), "B": (B - b_half, B + b_half), "C_mid": (2000.0, 3000.0)})
 
 
-def test_a_within_tie_is_ordered_by_b():
-    ranked = rank_fits([("high-A-low-B", fit(0.610, 1.5)), ("low-A-high-B", fit(0.595, 2.1))])
+def test_overlapping_A_is_ordered_by_b():
+    ranked = rank_fits([("high-A-low-B", fit(0.610, 1.5)), ("low-A-high-B", fit(0.603, 2.1))])
     assert [r.name for r in ranked] == ["low-A-high-B", "high-A-low-B"]
     assert [r.rank for r in ranked] == [1, 2]
-    assert ranked[0].note == "tie on A with high-A-low-B"
-    assert ranked[1].note == "tie on A with low-A-high-B"
+    assert ranked[0].note == "tie on A with high-A-low-B (ranked by their own B)"  # no data: the fits' own B
+    assert ranked[1].note == "tie on A with low-A-high-B (ranked by their own B)"
 
 
-def test_distinct_a_is_ordered_by_a_whatever_b():
-    ranked = rank_fits([("low", fit(0.55, 3.0)), ("high", fit(0.61, 1.0))])
+def test_distinct_a_is_ordered_by_a_whatever_b_even_within_002():
+    # 0.01 apart, inside the paper's 0.02, but the intervals (+-0.003) do not overlap: the A values differ
+    ranked = rank_fits([("low", fit(0.60, 3.0, a_half=0.003)), ("high", fit(0.61, 1.0, a_half=0.003))])
     assert [r.name for r in ranked] == ["high", "low"]
     assert all(r.note == "" for r in ranked)
 
@@ -40,15 +43,16 @@ def test_overlapping_intervals_on_A_are_a_tie_beyond_002():
 
 
 def test_tie_groups_are_anchored_on_the_best_a_and_do_not_chain():
-    # 0.630 and 0.615 tie (0.015 apart), 0.600 is 0.03 below the anchor 0.630: its own group, ranked after,
-    # although it is within 0.02 of 0.615 and has the highest B.
-    ranked = rank_fits([("a", fit(0.600, 3.0)), ("b", fit(0.615, 2.0)), ("c", fit(0.630, 1.0))])
+    # c [0.620, 0.640] and b [0.605, 0.625] overlap: a tie; a [0.595, 0.605] touches b but not the anchor c: its
+    # own group, ranked after, although it has the highest B.
+    fits = [("a", fit(0.600, 3.0)), ("b", fit(0.615, 2.0, a_half=0.01)), ("c", fit(0.630, 1.0, a_half=0.01))]
+    ranked = rank_fits(fits)
     assert [r.name for r in ranked] == ["b", "c", "a"]
     assert ranked[2].tie_with == ()
 
 
 def test_ties_on_B_share_a_rank():
-    ranked = rank_fits([("x", fit(0.61, 2.0)), ("y", fit(0.605, 1.9)), ("z", fit(0.60, 1.2))])
+    ranked = rank_fits([("x", fit(0.61, 2.0)), ("y", fit(0.605, 1.9)), ("z", fit(0.60, 1.2, a_half=0.006))])
     assert [(r.rank, r.name) for r in ranked] == [(1, "x"), (1, "y"), (3, "z")]
     assert ranked[0].b_tie_with == ("y",) and "tie on B with y" in ranked[0].note
     assert ranked[2].b_tie_with == ()
@@ -58,6 +62,82 @@ def test_failed_fits_rank_last_without_a_number():
     ranked = rank_fits([("broken", SigmoidFit.failed("too few points")), ("x", fit(0.5, 1.0)), ("y", fit(0.6, 1.0))])
     assert [(r.rank, r.name) for r in ranked] == [(1, "y"), (2, "x"), (None, "broken")]
     assert ranked[-1].fit.status == "too few points"
+
+
+# --- the resolution of a comparison -----------------------------------------------------------------------------
+
+
+def test_resolution_by_hand():
+    """Two intervals of half-width 0.005: non-overlap needs the estimates 0.01 apart; their difference has sd
+    sqrt(2) 0.005 / 1.6449 = 0.0042990; found 9 times in 10 at 0.01 + 1.2816 x 0.0042990 = 0.015510."""
+    assert resolution(0.60, (0.595, 0.605), 0.61, (0.605, 0.615), top=1.0) == pytest.approx(0.015510, abs=2e-6)
+    # lopsided: downwards the facing sides are 0.002 (above x) and 0.008 (below the base): 0.010 + 1.2816 x
+    # hypot(0.002, 0.008) / 1.6449 = 0.016425; upwards 0.004 + 0.004 and 0.0044074 more: 0.012407. The larger.
+    assert resolution(0.60, (0.596, 0.602), 0.61, (0.602, 0.614), top=1.0) == pytest.approx(0.016425, abs=2e-6)
+    # a side that reaches the parameter's open bound is not resolved: A up to 1, B up to infinity or down to 0
+    assert resolution(0.60, (0.59, 1.0), 0.61, (0.605, 0.615), top=1.0) == math.inf
+    assert resolution(1.9, (1.5, math.inf), 2.0, (1.8, 2.2)) == math.inf
+    assert resolution(1.9, (0.0, 2.1), 2.0, (1.8, 2.2)) == math.inf
+
+
+# --- verdicts from fits alone ----------------------------------------------------------------------------------
+
+
+def test_a_moved_below_002_is_small_and_b_is_compared_on_own_fits():
+    """Issue 13's loo-npr: A intervals [0.594, 0.605] vs [0.613, 0.621] apart, 0.0125 lower: A moved (small); no
+    common-A refit is even asked for (it would turn the A drop into a B drop)."""
+    base = SigmoidFit(A=0.617, B=1.90, C_mid=2542.0, R0=0.3,
+                      ci={"A": (0.613, 0.621), "B": (1.7, 2.1), "C_mid": (2300.0, 2800.0)})
+    npr = SigmoidFit(A=0.6045, B=1.90, C_mid=2542.0, R0=0.3,
+                     ci={"A": (0.594, 0.605), "B": (1.7, 2.1), "C_mid": (2300.0, 2800.0)})
+
+    def refit():
+        raise AssertionError("a common-A refit for a pair whose A moved")
+
+    v = verdict(npr, base, common=refit)
+    assert v.label == MOVES_A and v.small and v.text == "moves A (small)"
+    assert v.dA == pytest.approx(-0.0125) and v.b_basis == OWN_FITS and v.dB == 0.0
+    assert "small" in v.detail and "own fits (A moved)" in v.detail
+    # its resolution: A from the two A intervals; B from the own-fit B intervals, 0.2 on each side: 0.4 +
+    # 1.2816 x hypot(0.2, 0.2) / 1.6449 = 0.62037
+    assert v.resolution[0] == resolution(0.6045, (0.594, 0.605), 0.617, (0.613, 0.621), top=1.0)
+    assert v.resolution[1] == pytest.approx(0.62037, abs=1e-4)
+
+
+def test_both_moved_and_no_change_from_fits():
+    base = fit(0.61, 2.0)
+    assert verdict(fit(0.55, 1.2), base).label == BOTH  # A and B intervals apart
+    assert verdict(fit(0.55, 1.2), base).b_basis == OWN_FITS
+    same = verdict(fit(0.608, 1.9), base)
+    assert same.label == NO_CHANGE and same.resolution_text.startswith("|ΔA| >= 0.016")
+    assert verdict(fit(0.608, 1.5), base).label == MOVES_B  # no data for a common A: the own fits' B
+
+
+def _pair(A=0.61, B=1.9, lr_A=0.1):
+    """A CommonAFit stand-in for (variant, base): B at the common A given, its likelihood ratio given."""
+    at_common = [fit(A, B, a_half=0.0), fit(A, 2.6, a_half=0.0)]
+    return CommonAFit(A=A, ci_A=(A - 0.004, A + 0.004), fits=at_common, lr_A=lr_A)
+
+
+def test_b_at_a_common_A_only_when_the_data_fit_one_well():
+    """A indistinguishable (intervals overlap): B compared at a common A, unless its likelihood-ratio test has
+    p < 0.5 (chi-square(1) median 0.455): then the own fits' B, which overlap here."""
+    base, variant = fit(0.61, 2.0), fit(0.606, 1.95)
+    good = verdict(variant, base, common=lambda: _pair(lr_A=0.40))
+    assert good.label == MOVES_B and good.b_basis == COMMON_A and good.common_A == 0.61
+    assert good.dB == pytest.approx(1.9 - 2.6) and good.B_label == "at common A 0.610"
+    poor = verdict(variant, base, common=lambda: _pair(lr_A=0.50))
+    assert poor.label == NO_CHANGE and poor.b_basis == OWN_FITS and poor.dB == pytest.approx(-0.05)
+    assert "a common A fits poorly (likelihood ratio 0.50" in poor.detail
+
+
+def test_common_a_rejection_threshold_is_the_chi_square_median():
+    two = [fit(0.6, 2.0)] * 2
+    assert not CommonAFit(A=0.6, ci_A=(0.59, 0.61), fits=two, lr_A=0.45).a_rejected
+    assert CommonAFit(A=0.6, ci_A=(0.59, 0.61), fits=two, lr_A=0.46).a_rejected
+    three = [fit(0.6, 2.0)] * 3  # chi-square(2) median: 2 ln 2 = 1.386
+    assert not CommonAFit(A=0.6, ci_A=(0.59, 0.61), fits=three, lr_A=1.38).a_rejected
+    assert CommonAFit(A=0.6, ci_A=(0.59, 0.61), fits=three, lr_A=1.39).a_rejected
 
 
 # --- from data: the common-A refit ----------------------------------------------------------------------------
@@ -74,9 +154,10 @@ def states():
     return {
         "base": _state(1),
         "same": _state(2),  # the base's truth, other noise
-        "steeper": _state(3, A=0.60, B=2.6),  # within 0.02 of the base on A, a higher B
+        "steeper": _state(1, B=2.6),  # the base's A and noise draws, a higher B: the two A agree closely
         "flatter": _state(4, B=1.4),  # the base's A, a lower B
         "lower": _state(5, A=0.55),  # a lower ceiling
+        "npr": _state(6, A=0.595),  # a ceiling 0.015 lower, B the base's
     }
 
 
@@ -84,10 +165,9 @@ def _common(states, names):
     return lambda indices: fit_common_A([states[names[i]].data for i in indices], [states[names[i]] for i in indices])
 
 
-def test_a_within_002_pair_is_compared_on_B_at_a_common_A(states):
+def test_a_tied_pair_is_compared_on_B_at_a_common_A(states):
     names = ["base", "steeper"]
     fits = [(n, states[n].fit) for n in names]
-    assert abs(fits[0][1].A - fits[1][1].A) <= 0.02 + 0.01  # tied on A (within 0.02 or overlapping)
     ranked = rank_fits(fits, common=_common(states, names))
     assert [r.name for r in ranked] == ["steeper", "base"]  # the higher B wins the tie on A
     assert [r.rank for r in ranked] == [1, 2]
@@ -97,7 +177,16 @@ def test_a_within_002_pair_is_compared_on_B_at_a_common_A(states):
     assert first.b_fit.A == pytest.approx(first.common_A) and first.b_fit.method == "common-A"
     assert first.B_compared > second.B_compared
     assert first.B_compared_ci[0] > second.B_compared_ci[1]  # told apart: not a tie on B
-    assert "compared on B at common A" in first.note
+    assert "ranked by B at their common A" in first.note
+
+
+def test_likelihood_ratio_of_a_common_A(states):
+    """Two curves of one truth share an A easily (deviance cost below the chi-square(1) 90% point, 2.71); a
+    ceiling 0.06 lower does not."""
+    same = fit_common_A([states["base"].data, states["same"].data], [states["base"], states["same"]])
+    lower = fit_common_A([states["base"].data, states["lower"].data], [states["base"], states["lower"]])
+    assert 0.0 <= same.lr_A < 2.71
+    assert lower.lr_A > 2.71 and lower.a_rejected
 
 
 def test_verdicts_against_the_base(states):
@@ -111,9 +200,13 @@ def test_verdicts_against_the_base(states):
     assert verdict_of("lower").label == MOVES_A
     assert verdict_of("lower").dA == pytest.approx(-0.06, abs=0.015)
     flatter = verdict_of("flatter")
-    assert flatter.label == MOVES_B and flatter.dB < 0 and flatter.common_A is not None
+    assert flatter.label == MOVES_B and flatter.dB < 0 and flatter.b_basis == COMMON_A
     same = verdict_of("same")
     assert same.label == NO_CHANGE, same.detail
+    assert same.resolution[0] < 0.02  # a sharp comparison: 81 points to 16k GPU-hours
+    # A 0.015 lower, B unchanged: A moved, and B, compared on the own fits, did not
+    npr = verdict_of("npr")
+    assert npr.label == MOVES_A and npr.small and npr.b_basis == OWN_FITS, npr.detail
     assert verdict(SigmoidFit.failed("flat curve"), base.fit).label == "no fit"
     assert verdict(base.fit, None).label == "no base"
 

@@ -1,12 +1,13 @@
 """End to end on a real sqlite MLflow store: runs logged as `ablate` logs them -> make_report -> files + artifacts.
 
-Two stores, each built once for the module: a hand-made study with known truths and every kind of run (seeds of
-one variant, a run still going, a crashed one, a diverged one, one too short to fit), and a real finished mock
-sweep (`python -m ablate sweep=loo launcher=local`, ~25 s).
+A hand-made study with known truths and every kind of run (seeds of one variant, a run still going, a crashed one,
+a truncated one, a diverged one, one too short to fit, another sweep), built once for the module; small stores for
+what must not be pooled and for tiny compute. The report of real mock sweeps is tests/test_analysis_mock_truth.py.
 """
 
 import csv
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -20,11 +21,14 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from analysis import make_report
-from analysis.fit import sigmoid_law
+from analysis.fit import fmt_compute, sigmoid_law
+from analysis.plots import describe
 from analysis.report import CSV_COLUMNS, CSV_EXTRA
 from analysis.runs import (
+    ALL_SWEEPS,
     ExperimentNotFound,
     NoRuns,
+    NotComparable,
     RunCurve,
     TrackingUnavailable,
     group_seeds,
@@ -50,21 +54,26 @@ class Variant:
     status: str = "FINISHED"
     sweep: str = SWEEP
     collapse_at: int | None = None  # step from which the pass rate collapses (a diverged run)
+    params: tuple = ()  # (key, value) params logged with the run
+    tags: tuple = ()  # (key, value) extra tags
 
 
-# Known truths. scalerl and loo-savg tie on A (0.61 vs 0.60) and loo-savg has the higher B: it ranks first.
+# Known truths. loo-savg has scalerl's A and a higher B: tied on A, it ranks first on B at their common A. loo-npr
+# (two seeds) has A 0.015 lower and scalerl's B: issue 13's case, A moved (small), B unchanged.
 VARIANTS = [
     Variant("scalerl", 0.61, 1.9, 2542.0),
     Variant("loo-dapo", 0.55, 1.77, 2542.0),
-    Variant("loo-savg", 0.60, 2.4, 2600.0),
+    Variant("loo-savg", 0.61, 2.5, 2542.0),
     Variant("loo-fp32", 0.52, 1.6, 3000.0),
     Variant("loo-lp", 0.58, 1.9, 2542.0, last_step=25),  # two validation points only: the fit must fail
     Variant("loo-8op", 0.58, 1.9, 2542.0, last_step=400, status="FAILED"),  # crashed at 4,000 GPU-hours
-    Variant("loo-npr", 0.57, 2.0, 2542.0),  # two seeds of one variant: one row
-    Variant("loo-npr", 0.57, 2.0, 2542.0),
+    Variant("loo-npr", 0.595, 1.9, 2542.0),  # two seeds of one variant: one row
+    Variant("loo-npr", 0.595, 1.9, 2542.0),
     Variant("loo-gspo", 0.60, 1.8, 2542.0, last_step=1000, status="RUNNING"),  # still going at 10,000 GPU-hours
     Variant("loo-plan", 0.60, 1.9, 2542.0, collapse_at=1200),  # diverged at 12,000 GPU-hours
-    Variant("scalerl", 0.62, 1.9, 2542.0, sweep=OTHER_SWEEP),  # another sweep in the same experiment
+    Variant("loo-batch", 0.60, 1.7, 2542.0, last_step=800, params=(("train.steps", "1600"),),  # ended early
+            tags=(("ablate.end_reason", "No-Positive-Resampling retired every training prompt"),)),
+    Variant("scalerl", 0.62, 1.9, 2542.0, sweep=OTHER_SWEEP),  # another sweep in the same experiment, the latest
 ]
 ROWS = sorted({v.name for v in VARIANTS if v.sweep == SWEEP})  # one row per variant: seeds pooled
 
@@ -85,8 +94,11 @@ def _log_variant(client, experiment_id, parent_id, v: Variant, seed: int) -> str
         "ablate.axis": "none" if v.name == "scalerl" else v.name.removeprefix("loo-"),
         "ablate.choice": v.name,
         "ablate.signature": f"{seed:012x}",
+        **dict(v.tags),
     }
     run_id = client.create_run(experiment_id, run_name=v.name, tags=tags).info.run_id
+    for key, value in v.params:
+        client.log_param(run_id, key, value)
     now = int(time.time() * 1000)
     # compute every 10 steps, validation every 25: steps 25, 75, ... need interpolated compute
     metrics = [Metric("compute/gpu_hours", s * GPU_HOURS_PER_STEP, now, s) for s in range(0, v.last_step + 1, 10)]
@@ -170,65 +182,96 @@ def test_fits_csv_has_one_row_per_run_with_the_documented_columns(report):
     npr = [r for r in rows[1:] if r[0] == "loo-npr"]
     assert len(npr) == 2  # two seeds pooled in variants.csv, each fitted alone here
     assert {r[1] for r in npr} != {_rows(report)["loo-npr"]["A"]}  # not the pooled A
-    assert all(abs(float(r[1]) - 0.57) < 0.02 for r in npr)
+    assert all(abs(float(r[1]) - 0.595) < 0.02 for r in npr)
 
 
 def test_seeds_of_one_variant_are_fitted_together(report):
     npr = next(row for row in report.rows if row.variant == "loo-npr")
     assert npr.n_seeds == 2 and npr.fit.n_runs == 2 and len(set(npr.run_ids)) == 2
     assert npr.fit.n_points == 2 * 59  # 1,500, 1,750, ..., 16,000 GPU-hours: 59 points per seed
-    assert npr.fit.A == pytest.approx(0.57, abs=0.01)
+    assert npr.fit.A == pytest.approx(0.595, abs=0.01)
     assert _rows(report)["loo-npr"]["n_seeds"] == "2"
 
 
 def test_ranking_follows_the_truth(report):
     order = [row.variant for row in report.rows]
-    # the tie on A (0.61 / 0.60) is broken by B at a common A, then the distinct A values in order
+    # the tie on A (both 0.61) is broken by B, then the distinct A values in order; incomplete runs last, unranked
     known = [name for name in order if name in ("scalerl", "loo-savg", "loo-npr", "loo-dapo", "loo-fp32")]
     assert known == ["loo-savg", "scalerl", "loo-npr", "loo-dapo", "loo-fp32"]
     savg = next(row for row in report.rows if row.variant == "loo-savg")
     scalerl = next(row for row in report.rows if row.variant == "scalerl")
-    assert "scalerl" in savg.ranked.tie_with and "compared on B at common A" in savg.note
-    assert savg.ranked.b_fit.B > scalerl.ranked.b_fit.B
+    assert savg.ranked.tie_with == ("scalerl",) and "tie on A with scalerl (ranked by" in savg.note
+    assert savg.ranked.B_compared > scalerl.ranked.B_compared
     assert scalerl.dA == 0.0 and savg.dB > 0
     assert scalerl.fit.A == pytest.approx(0.61, abs=0.01)
+    assert [row.rank for row in report.rows if row.incomplete] == [None, None, None]
 
 
-def test_verdicts_against_the_base_recipe(report):
-    verdicts = {row.variant: row.verdict.label for row in report.rows}
-    assert verdicts["scalerl"] == "base"
-    assert verdicts["loo-fp32"] == verdicts["loo-dapo"] == verdicts["loo-npr"] == "moves A"  # -0.09, -0.06, -0.04
-    assert verdicts["loo-savg"] == "moves B"  # A tied (-0.01), B 2.4 vs 1.9
-    assert verdicts["loo-lp"] == verdicts["loo-plan"] == "no fit"
+def test_verdicts_against_the_base_recipe_are_right_on_the_truth(report):
+    verdicts = {row.variant: row.verdict for row in report.rows}
+    assert verdicts["scalerl"].label == "base"
+    assert verdicts["loo-fp32"].label == verdicts["loo-dapo"].label == "moves A"  # -0.09, -0.06
+    assert not verdicts["loo-fp32"].small and not verdicts["loo-dapo"].small
+    # issue 13's loo-npr: truth A -0.015, B unchanged. A moved (small: below the paper's 0.02); B was compared on
+    # the own fits, not at a common A (which turned the A drop into a B drop), and did not move
+    npr = verdicts["loo-npr"]
+    assert npr.label == "moves A" and npr.small and npr.text == "moves A (small)" and npr.b_basis == "own fits"
+    assert npr.dA == pytest.approx(-0.015, abs=0.005)
+    assert verdicts["loo-savg"].label == "moves B" and verdicts["loo-savg"].dB > 0  # A the same, B 2.5 vs 1.9
+    assert verdicts["loo-lp"].label == verdicts["loo-plan"].label == "no fit"
+    assert verdicts["loo-8op"].label == verdicts["loo-gspo"].label == verdicts["loo-batch"].label == "no verdict"
     rows = _rows(report)
     assert rows["loo-fp32"]["verdict"] == "moves A" and float(rows["loo-fp32"]["dA"]) == pytest.approx(-0.09, abs=0.01)
-    assert float(rows["loo-savg"]["verdict_common_A"]) == pytest.approx(0.605, abs=0.01)
-    assert float(rows["loo-savg"]["rank_B"]) > float(rows["scalerl"]["rank_B"])  # compared at one common A
+    assert rows["loo-npr"]["verdict_small"] == "small" and rows["loo-npr"]["dB_basis"] == "own fits"
+    # every verdict carries its resolution, in the csv too
+    for name in ("loo-fp32", "loo-dapo", "loo-npr", "loo-savg"):
+        res = verdicts[name].resolution
+        assert 0 < res[0] < 0.03 and 0 < res[1] < 1.0, (name, res)
+        assert float(rows[name]["resolution_dA"]) == pytest.approx(res[0], rel=1e-5)
 
 
-def test_degenerate_failed_and_running_runs_are_reported_not_fatal(report):
+def test_failed_truncated_and_running_runs_are_named_in_the_headline_and_get_no_verdict(report):
     rows = _rows(report)
     lp = rows["loo-lp"]
     assert lp["status"].startswith("too few points")
     assert all(lp[c] == "" for c in CSV_COLUMNS[1:-1])  # no invented number
     assert rows["loo-plan"]["status"].startswith("diverged: pass rate fell")
     assert rows["loo-plan"]["A"] == ""
-    assert [row.rank for row in report.rows[-2:]] == [None, None]
-    assert {row.variant for row in report.rows[-2:]} == {"loo-lp", "loo-plan"}
-    assert rows["loo-8op"]["status"] == "ok; run FAILED"  # its 4,000 GPU-hours are fitted, the crash is said
-    assert rows["loo-gspo"]["status"] == "ok; run RUNNING (provisional)"
+    # their fits are shown, their status says why they have no rank and no verdict
+    assert rows["loo-8op"]["status"] == "ok; FAILED at step 400"
+    assert rows["loo-gspo"]["status"] == "ok; RUNNING at step 1,000"
+    assert rows["loo-batch"]["status"] == ("ok; truncated at step 800 of 1,600: No-Positive-Resampling retired "
+                                           "every training prompt")
+    assert all(rows[name]["rank"] == "" and rows[name]["verdict"] == "no verdict"
+               for name in ("loo-8op", "loo-gspo", "loo-batch"))
     assert rows["scalerl"]["status"] == "ok"
     assert float(rows["scalerl"]["A_lo"]) < float(rows["scalerl"]["A"]) < float(rows["scalerl"]["A_hi"])
+    head = " ".join(report.table_md.split("\n\n")[0].split())  # the headline, unwrapped
+    assert ("No rank and no verdict (incomplete runs): loo-8op: FAILED at step 400; loo-gspo: RUNNING at step "
+            "1,000; loo-batch: truncated at step 800 of 1,600: No-Positive-Resampling retired every training "
+            "prompt.") in head
+    assert "Against scalerl: 3 moves A (1 small), 1 moves B." in head
+
+
+def test_terminal_table_fits_120_columns_with_the_notes_below(report):
+    lines = report.table_md.splitlines()
+    assert max(len(line) for line in lines) <= 120
+    table = [line for line in lines if line.startswith("|")]
+    assert table[0] == "| # | variant | A [90% CI] | B own fit [90% CI] | ΔA vs scalerl | ΔB as compared | verdict |"
+    assert len(table) == 2 + len(report.rows)
+    below = "\n".join(lines[lines.index(table[-1]) + 1:])
+    assert "loo-npr: moves A (small) (resolution |ΔA| >= 0.0" in below and "Notes:" in below
 
 
 def test_report_files_are_complete(report):
     md = report.markdown.read_text()
-    assert "| rank | variant | seeds |" in md and "loo-savg" in md and "A is the ceiling" in md
+    assert "| # | variant | A [90% CI] |" in md and "| rank | variant | seeds |" in md and "A is the ceiling" in md
     assert "## Extrapolation check" in md and "power law" in md and "## Verdicts" in md
+    assert "Known truth" not in md  # not mock runs
     html = report.html.read_text()
     # A and B side by side, the overview, the linearized plot and one figure per variant, embedded
     assert html.count("data:image/png;base64,") == 3 + len(report.rows)
-    assert 'src="fit-' not in html and "moves A" in html
+    assert 'src="fit-' not in html and "moves A (small)" in html
     for path in report.paths:
         assert path.exists() and path.stat().st_size > 0
     figures = [report.overview, report.params_plot, report.linearized, *report.plots]
@@ -245,12 +288,20 @@ def test_report_is_attached_to_the_sweep_parent(study, report):
     assert {p.name for p in report.plots} <= names
 
 
-def test_runs_of_two_parents_are_reported_but_attached_nowhere(study, tmp_path):
-    report = make_report(EXPERIMENT, tracking_uri=study.uri, out_dir=tmp_path)
+def test_one_sweep_by_default_the_latest(study, tmp_path):
+    latest = make_report(EXPERIMENT, tracking_uri=study.uri, out_dir=tmp_path / "latest")
+    assert latest.sweep == OTHER_SWEEP and [row.variant for row in latest.rows] == ["scalerl"]
+    assert latest.artifact_run_id == study.parents[OTHER_SWEEP]
+    assert f"{EXPERIMENT}, sweep {OTHER_SWEEP}:" in latest.table_md
+
+
+def test_all_sweeps_pooled_on_request_attached_nowhere(study, tmp_path):
+    report = make_report(EXPERIMENT, tracking_uri=study.uri, out_dir=tmp_path, sweep=ALL_SWEEPS)
     assert len(report.rows) == len(ROWS) + 1  # the other sweep's scalerl is a row of its own (no params to match)
     assert report.artifact_run_id is None
     labels = [row.label for row in report.rows]
     assert len(set(labels)) == len(labels)  # the two scalerl runs are told apart
+    assert f"all sweeps ({SWEEP}, {OTHER_SWEEP})" in report.table_md
 
 
 def test_run_ids_restrict_the_report(study, tmp_path):
@@ -331,50 +382,60 @@ def test_cli_report_never_imports_torch_or_the_trainer(study, tmp_path):
     assert (tmp_path / "reports" / EXPERIMENT / "fits.csv").exists()
 
 
-# --- a real finished mock sweep ----------------------------------------------------------------------------------
-
-MOCK_SWEEP = ["-m", "ablate", "sweep=loo", "generator=mock", "launcher=local", "train.steps=30", "train.val_every=3",
-              "model.num_layers=1", "model.hidden_size=32", "sweep.report=false"]
+# --- what must not be pooled; tiny compute ---------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def mock_sweep(tmp_path_factory):
-    """`python -m ablate sweep=loo generator=mock` (the dry run): 9 variants, 30 steps, validation
-    every 3 steps (11 points to 16k GPU-hours), logged to ./mlflow.db; then the report, built from that database."""
-    folder = tmp_path_factory.mktemp("mock-sweep")
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    proc = subprocess.run([sys.executable, *MOCK_SWEEP], cwd=folder, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    uri = f"sqlite:///{folder}/mlflow.db"
-    report = make_report("tiny", tracking_uri=uri, out_dir=folder / "report")
+def _small_store(root: Path, runs: list[tuple[str, str, dict, float]]) -> str:
+    """A store with one experiment "small": (variant, sweep, params, GPU-hours per step) per run, 1,600 steps,
+    validation every 40 (truth: ScaleRL's law scaled to the run's compute, binomial noise)."""
+    uri = f"sqlite:///{root}/mlflow.db"
     client = MlflowClient(tracking_uri=uri)
-    experiment = client.get_experiment_by_name("tiny")
-    runs = client.search_runs([experiment.experiment_id])
-    truth = {r.data.tags["ablate.variant"]: r.data.params for r in runs if r.data.tags.get("ablate.role") == "variant"}
-    parent = next(r.info.run_id for r in runs if r.data.tags.get("ablate.role") == "sweep")
-    return report, truth, parent, uri
+    experiment_id = client.create_experiment("small", artifact_location=(root / "artifacts").as_uri())
+    for k, (variant, sweep, params, per_step) in enumerate(runs):
+        tags = {"ablate.role": "variant", "ablate.sweep": sweep, "ablate.variant": variant,
+                "ablate.signature": f"{k:012x}"}
+        run_id = client.create_run(experiment_id, run_name=variant, tags=tags).info.run_id
+        for key, value in params.items():
+            client.log_param(run_id, key, value)
+        steps = np.arange(0, 1601, 40)
+        truth = sigmoid_law(steps * per_step, 0.61, 1.9, 254.2 * per_step, R0)
+        rate = np.random.default_rng(k).binomial(16_000, truth) / 16_000
+        now = int(time.time() * 1000)
+        metrics = [Metric("val/pass_rate", float(r), now, int(s)) for s, r in zip(steps, rate)]
+        metrics += [Metric("compute/gpu_hours", float(s * per_step), now, int(s)) for s in steps]
+        client.log_batch(run_id, metrics=metrics)
+        client.set_terminated(run_id, "FINISHED")
+    return uri
 
 
-def test_report_of_a_real_mock_sweep(mock_sweep):
-    report, truth, parent, uri = mock_sweep
-    assert sorted(row.variant for row in report.rows) == sorted(truth) and len(truth) == 9
-    assert all(row.fit.ok and row.status == "ok" and row.n_seeds == 1 for row in report.rows)
-    verdicts = {row.variant: row.verdict.label for row in report.rows}
-    assert verdicts["scalerl"] == "base" and verdicts["loo-fp32"] == "moves A"  # fp32 head: A -0.09
-    assert set(verdicts.values()) <= {"base", "moves A", "moves B", "no detectable change"}
+def test_runs_of_different_generators_or_models_are_never_ranked_together(tmp_path):
+    mock = {"generator.name": "mock", "task.name": "synthetic", "model.name": "tiny", "model.device": "cpu"}
+    real = {**mock, "generator.name": "hf", "model.device": "cuda"}  # the device alone would not matter
+    uri = _small_store(tmp_path, [("scalerl", "loo-aaa", mock, 10.0), ("scalerl", "loo-bbb", real, 10.0),
+                                  ("loo-dapo", "loo-bbb", real, 10.0)])
+    with pytest.raises(NotComparable) as err:
+        make_report("small", tracking_uri=uri, out_dir=tmp_path / "out", sweep=ALL_SWEEPS)
+    message = str(err.value)
+    assert "generator.name" in message and "model.device" not in message
+    assert "hf (sweep loo-bbb)" in message and "mock (sweep loo-aaa)" in message and "--sweep" in message
+    assert not (tmp_path / "out").exists()  # refused before writing anything
+    # one sweep at a time is fine, and the command line says the same in one line, exit 2
+    assert len(make_report("small", tracking_uri=uri, out_dir=tmp_path / "one").rows) == 2  # the latest: loo-bbb
+    proc = _run_python(["-m", "analysis", "report", "--experiment", "small", "--tracking-uri", uri,
+                        "--sweep", "all"], tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: these runs differ in generator.name")
 
-    # each run's own A (the mock's truth for that run) inside its 90% interval: all but a couple
-    inside = [row.fit.ci["A"][0] <= float(truth[row.variant]["mock.run.A"]) <= row.fit.ci["A"][1]
-              for row in report.rows]
-    assert sum(inside) >= 7, inside
-    # variants whose true A differ by more than 0.05 are ranked in that order (fits.csv is in rank order)
-    position = {row["variant"]: i for i, row in enumerate(csv.DictReader(report.csv.open()))}
-    true_a = {name: float(params["mock.truth.A"]) for name, params in truth.items()}
-    for a, b in [(a, b) for a in true_a for b in true_a if true_a[a] > true_a[b] + 0.05]:
-        assert position[a] < position[b], (a, b)
 
-    assert report.artifact_run_id == parent and report.artifact_error is None
-    names = {Path(a.path).name for a in MlflowClient(tracking_uri=uri).list_artifacts(parent, "report")}
-    assert {"fits.csv", "report.md", "report.html", "params.png", "linearized.png"} <= names
-    assert report.html.read_text().count("data:image/png;base64,") == 3 + len(report.rows)
+def test_tiny_compute_is_written_with_significant_digits(tmp_path):
+    """A CPU run of a few thousandths of a GPU-hour: compute is never printed as 0."""
+    assert [fmt_compute(x) for x in (2542.4, 123.0, 12.34, 0.00512, 0.0)] == ["2,542", "123", "12.3", "0.00512", "0"]
+    uri = _small_store(tmp_path, [("scalerl", "loo-t", {}, 5e-6), ("loo-dapo", "loo-t", {}, 5e-6)])
+    report = make_report("small", tracking_uri=uri, out_dir=tmp_path / "out")
+    scalerl = next(row for row in report.rows if row.variant == "scalerl")
+    assert scalerl.fit.C_mid == pytest.approx(254.2 * 5e-6, rel=0.15)  # 0.00127 GPU-hours
+    assert f"C_mid={fmt_compute(scalerl.fit.C_mid)}" in describe(scalerl.fit)
+    assert re.search(r"C_mid=0\.001\d*  ", describe(scalerl.fit) + "  ")
+    md = report.markdown.read_text()
+    assert re.search(r"\| 0\.001\d* \[0\.001\d*, 0\.001\d*\] \|", md)  # C_mid [90% CI] in the fits table
+    assert "| 0 [" not in md

@@ -1,0 +1,381 @@
+"""The report's words: the headline, the tables, the verdict lines; put together as the terminal text (at most 120
+columns: the table's notes go below it), report.md and report.html.
+
+Which B is which is said wherever a B is shown: the table's B is each variant's own fit; a verdict's ΔB is the
+B it compared (own fits, or both refitted "at common A 0.605"); a ranking tie group's B is at its common A.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import textwrap
+from pathlib import Path
+
+from analysis.fit import CI_LEVEL, fmt_compute
+from analysis.rank import A_TIE, BASELINE, BOTH, CATEGORIES, MOVES_A, MOVES_B, NO_CHANGE
+
+WIDTH = 120  # the terminal text's widest line
+
+
+# --- the headline ------------------------------------------------------------------------------------------------
+
+
+def headline(report) -> list[str]:
+    """What was compared, the verdicts in a line, the runs left out and why, the resolution, the truth check."""
+    scope = _scope(report)
+    n_runs = sum(row.n_seeds for row in report.rows)
+    seeds = sorted({row.n_seeds for row in report.rows if not row.incomplete})
+    per = f"{seeds[0]} seed{'s' if seeds[0] > 1 else ''} per variant" if len(seeds) == 1 else "seeds pooled"
+    lines = [f"{report.experiment}, {scope}: {len(report.rows)} rows from {n_runs} runs ({per}), "
+             f"{sum(r.fit.ok for r in report.rows)} fitted."]
+    if report.base:
+        counts = {label: 0 for label in CATEGORIES}
+        small = 0
+        for row in report.verdicts:
+            counts[row.verdict.label] += 1
+            small += row.verdict.small
+        said = [f"{n} {label}" for label, n in counts.items() if n]
+        said = [s + (f" ({small} small)" if s.endswith(f" {MOVES_A}") and small else "") for s in said]
+        lines.append(f"Against {report.base}: {', '.join(said) or 'no verdicts'}.")
+    else:
+        lines.append(f"No complete {BASELINE} run: no verdicts against the base recipe.")
+    if report.left_out:
+        named = "; ".join(f"{row.label}: {row.incomplete}" for row in report.left_out)
+        lines.append(f"No rank and no verdict (incomplete runs): {named}.")
+    res = report.resolution
+    if res is not None:
+        lines.append(f"Resolution: changes of {_res_a(res[0])} and {_res_b(res[1])} are found 9 times in 10 (median "
+                     "over the verdicts; each verdict's own is with it). \"No detectable change\" means: none at "
+                     "that resolution.")
+    if report.has_truth:
+        judged = [row for row in report.rows if row.expected is not None]
+        wrong = [row.label for row in judged if row.truth_disagrees]
+        lines.append(f"Mock runs, known truth: {len(judged) - len(wrong)} of {len(judged)} verdicts agree with it"
+                     + (f" (not: {', '.join(wrong)})" if wrong else "") + "; the truth is beside each fit below.")
+    return lines
+
+
+def _scope(report) -> str:
+    if report.sweep is None:
+        return f"selected runs of sweep {', '.join(report.sweeps)}"
+    if report.sweep == "all":
+        return f"all sweeps ({', '.join(report.sweeps)})"
+    return f"sweep {report.sweep}"
+
+
+def _res_a(x: float) -> str:
+    return f"|ΔA| >= {x:.3f}" if math.isfinite(x) else "any ΔA (not resolved: an A interval is open)"
+
+
+def _res_b(x: float) -> str:
+    return f"|ΔB| >= {x:.2f}" if math.isfinite(x) else "any ΔB (not resolved: a B interval is open)"
+
+
+# --- the ranked table --------------------------------------------------------------------------------------------
+
+TABLE_HEADERS = ["#", "variant", "A [90% CI]", "B own fit [90% CI]", f"ΔA vs {BASELINE}", "ΔB as compared",
+                 "verdict"]
+
+
+def _num(x: float, digits: int) -> str:
+    if math.isinf(x):
+        return "∞" if x > 0 else "-∞"
+    return f"{x:.{digits}f}"
+
+
+def _interval(x: float, ci: tuple[float, float], digits: int) -> str:
+    return f"{_num(x, digits)} [{_num(ci[0], digits)}, {_num(ci[1], digits)}]"
+
+
+def _delta_b(row) -> str:
+    """dB with what it compares: "-0.41 at A 0.607" (both refitted with a common A) or "+0.02 own fits"."""
+    v = row.verdict
+    if v.dB is None or v.label not in CATEGORIES:
+        return ""
+    where = f"at A {v.common_A:.3f}" if v.common_A is not None else "own fits"
+    return f"{v.dB:+.2f} {where}"
+
+
+def table_cells(rows) -> list[list[str]]:
+    cells = []
+    for row in rows:
+        fit, v = row.fit, row.verdict
+        numbers = ([_interval(fit.A, fit.ci["A"], 3), _interval(fit.B, fit.ci["B"], 2)] if fit.ok else ["", ""])
+        dA = f"{v.dA:+.3f}" if v.dA is not None and v.label in CATEGORIES else ""
+        cells.append(["" if row.rank is None else str(row.rank), row.label, *numbers, dA, _delta_b(row), v.text])
+    return cells
+
+
+def md_line(cells) -> str:
+    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+
+def md_table(headers: list[str], rows_cells: list[list[str]]) -> str:
+    return "\n".join([md_line(headers), "|" + "---|" * len(headers)] + [md_line(c) for c in rows_cells])
+
+
+def ranked_table(report) -> str:
+    return md_table(TABLE_HEADERS, table_cells(report.rows))
+
+
+# --- per variant: the verdict with its resolution, and the notes -------------------------------------------------
+
+
+def verdict_lines(report) -> list[str]:
+    """One line per row but the base: its verdict, what it rests on, its resolution; then the fit's notes."""
+    lines = []
+    for row in report.rows:
+        v = row.verdict
+        if v.label == "base":
+            continue
+        text = f"{row.label}: {v.text}"
+        if v.label == NO_CHANGE and v.resolution:
+            text += f" at this resolution ({v.resolution_text})"
+        elif v.resolution:
+            text += f" (resolution {v.resolution_text})"
+        if v.detail:
+            text += f". {v.detail[0].upper()}{v.detail[1:]}"
+        lines.append(text + ".")
+    return lines
+
+
+def note_lines(report) -> list[str]:
+    return [f"{row.label}: {row.note}." for row in report.rows if row.note]
+
+
+# --- the known truth of mock runs --------------------------------------------------------------------------------
+
+TRUTH_HEADERS = ["variant", "A fit", "A true", "ΔA fit", "ΔA true", "B fit", "B true", "ΔB fit", "ΔB true",
+                 "truth says", "verdict agrees"]
+
+
+def truth_cells(report) -> list[list[str]]:
+    """Per row with a truth: fitted and true A, B, ΔA, ΔB side by side, what the truth says the verdict should be at
+    its resolution (analysis/truth.py) and whether the verdict (in the ranked table) agrees. B fit is the B the
+    verdict compared (own fit, or at the common A it names); B true is the variant's own."""
+    cells = []
+    for row in report.rows:
+        t, e, v = row.truth, row.expected, row.verdict
+        if t is None or not row.fit.ok:
+            continue
+        b_fit = v.B[0] if v.B is not None else row.fit.B
+        cells.append([
+            row.label, f"{row.fit.A:.3f}", f"{t.A:.3f}",
+            f"{v.dA:+.3f}" if v.dA is not None and e is not None else "", f"{e.dA:+.3f}" if e else "",
+            f"{b_fit:.2f}" + (f" at A {v.common_A:.3f}" if v.common_A is not None else ""), f"{t.B:.2f}",
+            f"{v.dB:+.2f}" if v.dB is not None and e is not None else "", f"{e.dB:+.2f}" if e else "",
+            e.text if e else "", ("no: " + row.truth_disagrees if row.truth_disagrees else "yes") if e else "",
+        ])
+    return cells
+
+
+def truth_table(report) -> str:
+    return md_table(TRUTH_HEADERS, truth_cells(report))
+
+
+TRUTH_NOTE = ("Truth: the mock's params (mock.run.A: the runs' A, averaged over seeds; mock.truth.B: the "
+              "variant's B). \"moved\": the true change is at least the verdict's resolution (it must be found); "
+              "\"either\": below it (either verdict is right); \"unmoved\": no change (none may be claimed).")
+
+
+# --- the terminal text -------------------------------------------------------------------------------------------
+
+
+def _wrap(text: str, bullet: str = "") -> list[str]:
+    return textwrap.wrap(text, WIDTH, initial_indent=bullet, subsequent_indent=" " * len(bullet),
+                         break_long_words=True, break_on_hyphens=False) or [""]
+
+
+def terminal_text(report) -> str:
+    """The headline, the ranked table, then the verdicts with their resolution and the notes (every line at most
+    WIDTH characters; a variant name too long for the table makes its row longer), then the truth of mock runs."""
+    lines = [wrapped for line in headline(report) for wrapped in _wrap(line)]
+    lines += ["", ranked_table(report), ""]
+    lines += [w for line in verdict_lines(report) for w in _wrap(line, "- ")]
+    notes = note_lines(report)
+    if notes:
+        lines += ["", "Notes:"] + [w for line in notes for w in _wrap(line, "- ")]
+    if report.has_truth:
+        lines += ["", "Known truth (generator=mock):", truth_table(report)]
+        lines += _wrap(TRUTH_NOTE)
+    return "\n".join(lines)
+
+
+# --- report.md and report.html -----------------------------------------------------------------------------------
+
+FULL_HEADERS = ["rank", "variant", "seeds", "A [90% CI]", "B own fit [90% CI]", "C_mid GPU-h [90% CI]",
+                f"ΔA vs {BASELINE}", "ΔB as compared", "verdict", "resolution", "status"]
+
+
+def full_cells(rows) -> list[list[str]]:
+    cells = []
+    for row, short in zip(rows, table_cells(rows)):
+        fit = row.fit
+        c_mid = (f"{fmt_compute(fit.C_mid)} [{fmt_compute(fit.ci['C_mid'][0])}, {fmt_compute(fit.ci['C_mid'][1])}]"
+                 if fit.ok else "")
+        cells.append([short[0], short[1], str(row.n_seeds), short[2], short[3], c_mid, short[4], short[5],
+                      short[6], row.verdict.resolution_text, row.status])
+    return cells
+
+
+def method_paragraphs() -> list[str]:
+    return [
+        "Each variant's validation pass rate R is fitted against training compute C (GPU-hours) with the sigmoid "
+        "law of ScaleRL (Eq. 1): R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B). "
+        "A is the ceiling: the pass rate the recipe approaches with unlimited compute. B is the efficiency: how "
+        "steeply the curve climbs towards A (higher is faster). C_mid is the compute at half of the gain A - R0. "
+        "R0 is the pass rate before RL (step 0), measured; the fit may move it within its error. Seeds of one "
+        "variant are fitted together.",
+        f"Points below 1.5/16 of a run's final compute are left out, as in the paper. Intervals are "
+        f"{CI_LEVEL:.0%} likelihood-ratio intervals under a noise model fitted to each variant's residuals (white "
+        "noise plus a slow wobble correlated in compute); a bound of 1 on A, or ∞ on B or C_mid, means the data do "
+        "not bound that side (typically: the run stopped before its midpoint).",
+        "Ranking: by A, highest first. Variants whose A intervals overlap the group's best are tied on A: they are "
+        "refitted together with one common A (a shared parameter, so its uncertainty widens every B interval) and "
+        "ranked by their B at it, unless the data fit one common A poorly (its likelihood-ratio test has p < 0.5): "
+        "then by their own B. Overlapping B intervals are a tie (same rank).",
+        f"Verdict against {BASELINE}: \"{MOVES_A}\" when the A intervals do not overlap, \"small\" when the change "
+        f"is below the paper's {A_TIE} (its margin between runs of one recipe: the intervals hold one curve's "
+        f"noise, a seed tells the rest); \"{MOVES_B}\" when the B intervals compared do not overlap; \"{BOTH}\"; "
+        f"else \"{NO_CHANGE}\". The B compared: where A moved, each run's own fit (a B at a common A would carry "
+        "the A difference); where A is indistinguishable, both refitted with a common A (the paper's method), "
+        "unless a common A fits poorly. Each verdict gives its resolution: the smallest |ΔA| and |ΔB| its "
+        "comparison finds 9 times in 10. Runs that did not finish their configured steps get no verdict.",
+    ]
+
+
+EXTRAP_HEADERS = ["variant", "fitted up to GPU-h", "end GPU-h", "predicted end [90%]", "observed end",
+                  "error", "power law: A", "power law: predicted end", "power law: error"]
+
+
+def extrap_cells(rows) -> list[list[str]]:
+    cells = []
+    for row in rows:
+        ex = row.extrapolation
+        if not ex.ok:
+            cells.append([row.label, "", "", ex.status, _num(ex.observed, 3) if math.isfinite(ex.observed) else "",
+                          "", "", "", ""])
+            continue
+        power = ex.power if ex.power is not None and ex.power.ok else None
+        cells.append([
+            row.label, fmt_compute(ex.c_fit), fmt_compute(ex.c_end),
+            f"{ex.predicted:.3f} [{ex.predicted_ci[0]:.3f}, {ex.predicted_ci[1]:.3f}]",
+            f"{ex.observed:.3f}", f"{ex.error:+.3f}",
+            f"{power.A:.3f}" if power else "", f"{ex.power_predicted:.3f}" if power else "",
+            f"{ex.power_error:+.3f}" if power else "",
+        ])
+    return cells
+
+
+EXTRAP_TEXT = ("Each variant refitted on the first {fraction:.0%} of its compute; the fit's prediction for the end "
+               "of the run (mean over its last 5% of compute) against what was observed there, and a power law "
+               "R = A - D/C^B fitted to the same points, for contrast.")
+
+
+def _fraction(report) -> float:
+    return report.rows[0].extrapolation.fraction if report.rows else math.nan
+
+
+def markdown_page(report) -> str:
+    parts = [f"# Sigmoid fits: {report.experiment}", "", *(p + "\n" for p in headline(report)),
+             ranked_table(report), "", "## Verdicts", "", *(f"- {line}" for line in verdict_lines(report)), ""]
+    if report.has_truth:
+        parts += ["## Known truth (generator=mock)", "", truth_table(report), "", TRUTH_NOTE, ""]
+    parts += ["## Fits", "", md_table(FULL_HEADERS, full_cells(report.rows)), ""]
+    notes = note_lines(report)
+    if notes:
+        parts += ["Notes:", "", *(f"- {line}" for line in notes), ""]
+    parts += ["## Method", "", *(p + "\n" for p in method_paragraphs())]
+    parts += ["## A and B side by side", "", f"![A and B]({report.params_plot.name})", ""]
+    parts += ["## Curves and fits", "", f"![all variants]({report.overview.name})", ""]
+    parts += ["## Linearized (slope B)", "", f"![linearized]({report.linearized.name})", ""]
+    parts += ["## Extrapolation check", "", EXTRAP_TEXT.format(fraction=_fraction(report)), ""]
+    parts += [md_table(EXTRAP_HEADERS, extrap_cells(report.rows))]
+    parts += ["", "## Per variant", ""]
+    parts += [f"![{row.label}]({row.plot.name})" for row in report.rows]
+    return "\n".join(parts) + "\n"
+
+
+CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 1250px; margin: 2em auto;
+       padding: 0 1em; color: #1f2328; line-height: 1.45; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; }
+table { border-collapse: collapse; font-size: 0.88em; width: 100%; }
+th, td { border: 1px solid #d0d7de; padding: 0.35em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f6f8fa; } tr:nth-child(even) td { background: #fbfcfd; }
+td.num { font-variant-numeric: tabular-nums; white-space: nowrap; }
+tr.failed td { color: #9a3412; }
+td.v-movesA, td.v-movesAandB { font-weight: 600; color: #9a3412; } td.v-movesB { font-weight: 600; color: #1d4ed8; }
+.plots { display: flex; flex-wrap: wrap; gap: 1em; }
+.plots img { max-width: 100%; border: 1px solid #d0d7de; }
+.wide img { max-width: 100%; }
+p.small { font-size: 0.9em; color: #57606a; }
+"""
+
+
+def _img(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _html_table(headers: list[str], rows_cells: list[list[str]], classes: list[str], num_cols: range) -> str:
+    esc = html.escape
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    body = []
+    for klass, cells in zip(classes, rows_cells):
+        tds = []
+        for i, c in enumerate(cells):
+            cls = ' class="num"' if i in num_cols else ""
+            if headers[i] == "verdict" and c.split(" (")[0] in (MOVES_A, MOVES_B, BOTH):
+                cls = f' class="v-{c.split(" (")[0].replace(" ", "")}"'
+            tds.append(f"<td{cls}>{esc(c)}</td>")
+        body.append(f"<tr{klass}>{''.join(tds)}</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>\n" + "\n".join(body) + "\n</tbody></table>"
+
+
+def html_page(report) -> str:
+    esc = html.escape
+    classes = ["" if row.fit.ok and not row.incomplete else ' class="failed"' for row in report.rows]
+    table = _html_table(FULL_HEADERS, full_cells(report.rows), classes, range(3, 8))
+    extrap = _html_table(EXTRAP_HEADERS, extrap_cells(report.rows), [""] * len(report.rows), range(1, 9))
+    intro = "".join(f"<p>{esc(p)}</p>" for p in headline(report))
+    method = "".join(f'<p class="small">{esc(p)}</p>' for p in method_paragraphs())
+    verdicts = "".join(f"<li>{esc(line)}</li>" for line in verdict_lines(report))
+    notes = "".join(f"<li>{esc(line)}</li>" for line in note_lines(report))
+    truth = ""
+    if report.has_truth:
+        cells = truth_cells(report)
+        truth = (f"<h2>Known truth (generator=mock)</h2>"
+                 f"{_html_table(TRUTH_HEADERS, cells, [''] * len(cells), range(1, 9))}"
+                 f'<p class="small">{esc(TRUTH_NOTE)}</p>')
+    plots = "\n".join(_img(row.plot, row.label) for row in report.rows)
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>Sigmoid fits: {esc(report.experiment)}</title>
+<style>{CSS}</style></head>
+<body>
+<h1>Sigmoid fits: {esc(report.experiment)}</h1>
+{intro}
+{table}
+<h2>Verdicts</h2><ul>{verdicts}</ul>
+{f"<h2>Notes</h2><ul>{notes}</ul>" if notes else ""}
+{truth}
+<h2>A and B side by side</h2>
+<div class="wide">{_img(report.params_plot, "A and B with intervals")}</div>
+<h2>Curves and fits</h2>
+<div class="wide">{_img(report.overview, "all variants")}</div>
+<h2>Linearized: log F(R) against log C, slope B</h2>
+<div class="wide">{_img(report.linearized, "linearized")}</div>
+<h2>Extrapolation check</h2>
+<p class="small">{esc(EXTRAP_TEXT.format(fraction=_fraction(report)))}</p>
+{extrap}
+<h2>Per variant</h2>
+<div class="plots">
+{plots}
+</div>
+<h2>Method</h2>
+{method}
+</body></html>
+"""

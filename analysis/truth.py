@@ -1,0 +1,86 @@
+"""The known truth of mock runs (generator=mock), and what it says a verdict should be at a sweep's resolution.
+
+The mock logs its truth as params (ablate/generators/mock.py, MockGenerator.describe): `mock.truth.A`, `.B`,
+`.C_mid`, `.R0` (the variant's law: the base truth plus the effects of its axis choices, conf/generator/mock.yaml)
+and `mock.run.A` (this run's A: the variant's plus a run-to-run draw, sd generator.run_sd_A). A run's curve
+follows (mock.run.A, mock.truth.B, mock.truth.C_mid, mock.truth.R0); the seeds of a variant pooled follow, in the
+mean, the mean of their run A.
+
+What "right" means for a verdict, given the truth and the resolution the verdict reports (rank.resolution):
+- a claim is right in direction: "A moved" (moves A, moves A and B) only where the truth's A differs from the
+  base's in the same direction; "B moved" only where the truth's B differs (an axis without a B effect has
+  exactly the base's B), in the same direction;
+- a change at or above the resolution is found: |dA true| >= the A resolution needs "A moved", and likewise B;
+- below the resolution, either verdict is right (the comparison was not sharp enough to promise either).
+A is the runs' (mock.run.A): the curves follow it, and the report compares these runs, not the recipes in the
+limit of many seeds (with one seed, the run-to-run spread of A is not in the intervals: a "small" move of A may be
+that spread). B has no run-to-run spread in the mock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from analysis.synthetic import Truth
+
+PARAMS = ("mock.truth.A", "mock.truth.B", "mock.truth.C_mid", "mock.truth.R0", "mock.run.A")
+
+
+def run_truth(params_of_seeds: Sequence[dict]) -> Truth | None:
+    """The law the pooled curves of one variant follow (A: the mean of the runs' A); None unless every seed is a
+    mock run with its truth logged."""
+    if not params_of_seeds or not all(all(k in p for k in PARAMS) for p in params_of_seeds):
+        return None
+    first = params_of_seeds[0]
+    try:
+        run_A = [float(p["mock.run.A"]) for p in params_of_seeds]
+        return Truth(A=sum(run_A) / len(run_A), B=float(first["mock.truth.B"]),
+                     C_mid=float(first["mock.truth.C_mid"]), R0=float(first["mock.truth.R0"]))
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the truth says a verdict should be: per parameter, "moved" (at or above the resolution: must be
+    found), "unmoved" (exactly no change: must not be claimed) or "either" (below the resolution)."""
+
+    dA: float
+    dB: float
+    A: str
+    B: str
+
+    def judge(self, moves_A: bool, dA: float | None, moves_B: bool, dB: float | None) -> str:
+        """"" when a verdict with these claims is right, else why it is wrong."""
+        wrong = []
+        if moves_A and (self.A == "unmoved" or _sign(dA) != _sign(self.dA)):
+            wrong.append(f"A moved {'up' if (dA or 0) > 0 else 'down'}, truth {self.dA:+.3f}")
+        if not moves_A and self.A == "moved":
+            wrong.append(f"missed A {self.dA:+.3f}")
+        if moves_B and (self.B == "unmoved" or _sign(dB) != _sign(self.dB)):
+            wrong.append(f"B moved {'up' if (dB or 0) > 0 else 'down'}, truth {self.dB:+.2f}")
+        if not moves_B and self.B == "moved":
+            wrong.append(f"missed B {self.dB:+.2f}")
+        return "; ".join(wrong)
+
+    @property
+    def text(self) -> str:
+        return f"A {self.A}, B {self.B}"
+
+
+def expected(truth: Truth, base: Truth, resolution: tuple[float, float]) -> Expected:
+    """The truth's verdict at a comparison's resolution (|dA|, |dB| detected 9 times in 10)."""
+    dA, dB = truth.A - base.A, truth.B - base.B
+    return Expected(dA=dA, dB=dB, A=_moved(dA, resolution[0]), B=_moved(dB, resolution[1]))
+
+
+def _moved(d: float, resolution: float) -> str:
+    if d == 0:
+        return "unmoved"
+    return "moved" if math.isfinite(resolution) and abs(d) >= resolution else "either"
+
+
+def _sign(x: float | None) -> int:
+    return 0 if not x else (1 if x > 0 else -1)

@@ -1,0 +1,164 @@
+"""The mock LOO with three seeds, reported, and every verdict checked against the mock's known truth (issue 13).
+
+`python -m ablate sweep=loo generator=mock` for seeds 0, 1 and 2 (one Hydra multirun: three sweeps in one process;
+10 steps, validation every step: 11 points to ~16-21k simulated GPU-hours), each sweep reported alone, and the
+three pooled (the seeds of a variant fitted together, `--sweep all`).
+
+What "right" means. The yardstick is the resolution each verdict reports (the smallest |dA|, |dB| its comparison
+finds 9 times in 10), and the truth is derived here, independently of the report's own truth column:
+- A: the curves follow each run's own A, `mock.run.A` (the variant's A plus a run-to-run draw); a variant's true dA
+  is its runs' mean minus scalerl's runs' mean. B: conf/generator/mock.yaml's truth.B plus the effect of the one
+  axis choice the variant makes (its ablate.axis / ablate.choice tags, looked up in the yaml's effects).
+- A claim must point the truth's way: "A moved" needs dA true of the same sign; "B moved" needs a B effect in the
+  truth, of the same sign (loo-plan, loo-fp32 and loo-npr have none: any "B moved" for them is wrong).
+- A true change at or above the verdict's resolution must be claimed ("moves A", "moves B" or both).
+- Below the resolution either answer is right: the comparison could not promise to see it.
+So "no detectable change" is right when every true change is below the resolution it states.
+A 90% interval misses its truth one time in ten, so a claim can be wrong by chance: on simulated mock-like sweeps
+(60 sweeps x 8 verdicts, 11 or 51 points) about 1 verdict in 100 claimed a B move that was not there, mostly where
+the base run's own fit was off. The seeds are fixed, so this test is deterministic; if a change makes it fail, the
+wrong claim it names is a real one to look at (bench/bench_loop.py --seeds N counts them over more sweeps).
+"""
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from analysis import make_report
+from analysis.runs import ALL_SWEEPS
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENT = "mock-truth"
+SEEDS = (0, 1, 2)
+SWEEPS = ["-m", "ablate", "--multirun", "sweep=loo", "generator=mock", "launcher=local", "train.steps=10",
+          "train.val_every=1", "model.num_layers=1", "model.hidden_size=32", "sweep.report=false",
+          f"tracking.experiment={EXPERIMENT}", "seed=" + ",".join(map(str, SEEDS))]
+MOCK = yaml.safe_load((REPO / "conf" / "generator" / "mock.yaml").read_text())
+
+
+def _true_B(tags: dict) -> float:
+    """mock.yaml's truth.B plus the effect of the variant's axis choice (none for scalerl)."""
+    effect = MOCK["effects"].get(f"{tags.get('ablate.axis')}={tags.get('ablate.choice')}", {})
+    return MOCK["truth"]["B"] + effect.get("B", 0.0)
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory):
+    """Three finished mock sweeps in one store; per variant and seed: the run's A and the variant's tags."""
+    folder = tmp_path_factory.mktemp("mock-truth")
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.run([sys.executable, *SWEEPS], cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    uri = f"sqlite:///{folder}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])
+    variants = [r for r in runs if r.data.tags.get("ablate.role") == "variant"]
+    assert len(variants) == 9 * len(SEEDS)
+    return folder, uri, client, variants
+
+
+@pytest.fixture(scope="module")
+def reports(sweeps):
+    """One report per sweep (each made the latest by --sweep), and the pooled one."""
+    folder, uri, client, variants = sweeps
+    ids = sorted({r.data.tags["ablate.sweep"] for r in variants})
+    per_sweep = [make_report(EXPERIMENT, tracking_uri=uri, out_dir=folder / sid, sweep=sid) for sid in ids]
+    pooled = make_report(EXPERIMENT, tracking_uri=uri, out_dir=folder / "pooled", sweep=ALL_SWEEPS)
+    return per_sweep, pooled
+
+
+def _truth(report, variants) -> dict:
+    """Per row label: (true A of its runs, true B of its variant), from the runs' params and mock.yaml."""
+    by_id = {r.info.run_id: r for r in variants}
+    out = {}
+    for row in report.rows:
+        runs = [by_id[run_id] for run_id in row.run_ids]
+        run_A = [float(r.data.params["mock.run.A"]) for r in runs]
+        out[row.label] = (float(np.mean(run_A)), _true_B(runs[0].data.tags))
+    return out
+
+
+def _wrong(row, truth, base) -> list[str]:
+    v = row.verdict
+    dA, dB = truth[0] - base[0], truth[1] - base[1]
+    res_A, res_B = v.resolution
+    wrong = []
+    if v.moves_A and math.copysign(1, v.dA) != math.copysign(1, dA):
+        wrong.append(f"claims A {v.dA:+.3f}, truth {dA:+.3f}")
+    if v.moves_B and (dB == 0 or math.copysign(1, v.dB) != math.copysign(1, dB)):
+        wrong.append(f"claims B {v.dB:+.2f}, truth {dB:+.2f}")
+    if abs(dA) >= res_A and not v.moves_A:
+        wrong.append(f"misses A {dA:+.3f} (resolution {res_A:.3f})")
+    if abs(dB) >= res_B and not v.moves_B:
+        wrong.append(f"misses B {dB:+.2f} (resolution {res_B:.2f})")
+    return wrong
+
+
+def test_every_verdict_is_right_on_the_truth(sweeps, reports):
+    _, _, _, variants = sweeps
+    per_sweep, pooled = reports
+    wrong, checked, found = [], 0, {"A": 0, "B": 0}
+    for report in (*per_sweep, pooled):
+        truth = _truth(report, variants)
+        base = truth[report.base]
+        assert len(report.verdicts) == 8, report.table_md  # every variant but scalerl judged: no failure, no gap
+        for row in report.verdicts:
+            checked += 1
+            found["A"] += row.verdict.moves_A
+            found["B"] += row.verdict.moves_B
+            wrong += [f"{report.sweep} {row.label}: {w}" for w in _wrong(row, truth[row.label], base)]
+    assert not wrong, "\n".join(wrong)
+    assert checked == 4 * 8
+    # the test has teeth: the large A effects (fp32 -0.09, dapo -0.06) are above every resolution, so A claims
+    # were made and checked in every report
+    assert found["A"] >= 2 * 4
+
+
+def test_the_report_shows_the_truth_beside_each_fit_and_agrees_with_this_test(sweeps, reports):
+    _, _, _, variants = sweeps
+    per_sweep, pooled = reports
+    for report in (*per_sweep, pooled):
+        truth = _truth(report, variants)
+        for row in report.rows:
+            assert (row.truth.A, row.truth.B) == pytest.approx(truth[row.label])
+            if row.expected is not None:  # the report's own judgement, analysis/truth.py: the same as this test's
+                assert (row.truth_disagrees == "") == (not _wrong(row, truth[row.label], truth[report.base]))
+        md = report.markdown.read_text()
+        assert "## Known truth (generator=mock)" in md and "| variant | A fit | A true | ΔA fit | ΔA true |" in md
+        assert "Mock runs, known truth: 8 of 8 verdicts agree with it" in report.table_md
+        assert max(len(line) for line in report.table_md.splitlines()) <= 120
+
+
+def test_a_mock_sweep_report_is_complete_and_attached(sweeps, reports):
+    folder, uri, client, variants = sweeps
+    report = reports[0][0]
+    assert all(row.fit.ok and row.status == "ok" and row.n_seeds == 1 for row in report.rows)
+    assert {row.verdict.label for row in report.rows} <= {"base", "moves A", "moves B", "moves A and B",
+                                                           "no detectable change"}
+    assert next(row for row in report.rows if row.variant == "loo-fp32").verdict.moves_A  # fp32 head: A -0.09
+    # each run's own A (the mock's truth for that run) inside its 90% interval: all but a couple
+    truth = _truth(report, variants)
+    inside = [row.fit.ci["A"][0] <= truth[row.label][0] <= row.fit.ci["A"][1] for row in report.rows]
+    assert sum(inside) >= 7, inside
+    # variants whose true A differ by more than 0.05 are ranked in that order (rows are in rank order)
+    position = {row.label: i for i, row in enumerate(report.rows)}
+    for a in truth:
+        for b in truth:
+            if truth[a][0] > truth[b][0] + 0.05:
+                assert position[a] < position[b], (a, b)
+    # the pooled report: three seeds per variant, fitted together
+    assert all(row.n_seeds == 3 and row.fit.n_runs == 3 for row in reports[1].rows)
+    # attached to the sweep's parent run
+    parent = next(r.info.run_id for r in client.search_runs([variants[0].info.experiment_id])
+                  if r.data.tags.get("ablate.role") == "sweep" and r.data.tags.get("ablate.sweep") == report.sweep)
+    assert report.artifact_run_id == parent and report.artifact_error is None
+    names = {Path(a.path).name for a in client.list_artifacts(parent, "report")}
+    assert {"fits.csv", "report.md", "report.html", "params.png", "linearized.png"} <= names
+    assert report.html.read_text().count("data:image/png;base64,") == 3 + len(report.rows)
