@@ -133,7 +133,8 @@ class Task:
 
 @dataclass
 class SyntheticTask(Task):
-    ops: list[str] = field(default_factory=lambda: ["reverse"])  # reverse | sort | sum (ablate/tasks/synthetic.py)
+    ops: list[str] = field(default_factory=lambda: ["reverse"])  # reverse | sort | sum | hash (tasks/synthetic.py)
+    op_weights: list[float] = field(default_factory=list)  # how often each op is drawn (empty: equally)
     min_digits: int = 3
     max_digits: int = 8
     teacher_accuracy: float = 1.0  # the warm start's teacher answers right this often, else a near miss
@@ -152,6 +153,7 @@ class MathTask(Task):
 class Generator:
     name: str = MISSING
     _target_: str = MISSING
+    simulated: bool = False  # a simulator playing the paper's scale (the mock): no axis is untestable for it
 
 
 @dataclass
@@ -327,10 +329,13 @@ class AblateConfig:
     tracking: Tracking = MISSING
     sweep: Sweep = MISSING
     axes: list[Axis] = field(default_factory=list)
+    # Axes this study's scale cannot test, and why (axis path -> reason): their LOO variants still run, and the
+    # report says "not testable at this scale" with the reason instead of a verdict.
+    untestable: dict[str, str] = field(default_factory=dict)
 
 
 # Keys that describe how and where a run happens, not what it computes: left out of the signature.
-NON_SEMANTIC_KEYS = ("name", "paths", "launcher", "tracking", "sweep", "axes")
+NON_SEMANTIC_KEYS = ("name", "paths", "launcher", "tracking", "sweep", "axes", "untestable")
 
 SCHEMAS = {
     "loss": {"cispo": Cispo, "dapo": Dapo, "gspo": Gspo, "grpo": Grpo},

@@ -7,7 +7,7 @@ training prompt. The family is large, so the training set can grow: when No-Posi
 training prompt, `more_train` draws n_train_prompts fresh ones (from a stream of their own, seeded by the task seed
 and how many came before: the same on every run and after a resume).
 
-The warm start imitates a noisy teacher on separate problems of the same family: its answer is right with
+The warm start imitates a noisy teacher on problems of the same family (never a validation prompt): its answer is right with
 probability `teacher_accuracy`, else a near miss (two neighbouring digits swapped; a sum off by one). The warm
 model so learns the skill with the teacher's uncertainty, and starts RL near `teacher_accuracy`: what RL then does
 is what it does for LLMs, raise the probability of answers the model can already give. (Supervised training on
@@ -16,25 +16,39 @@ clean answers takes a tiny model from 0 to 1 in a few seconds, with no useful st
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from ablate.tasks.base import Problem, Task
+
+def _hash(digits: str) -> str:
+    """As many digits as the prompt's, from a SHA-256 of them: determined by the prompt, learnable by no model."""
+    return str(int(hashlib.sha256(digits.encode()).hexdigest(), 16))[:len(digits)]
+
 
 OPS = {
     "reverse": lambda d: d[::-1],
     "sort": lambda d: "".join(sorted(d)),
     "sum": lambda d: str(sum(int(c) for c in d)),
+    "hash": _hash,  # the problems beyond the model: they put the ceiling of the pass rate below 1
 }
 
 
 class SyntheticTask(Task):
     def __init__(self, tokenizer, ops: list[str], min_digits: int, max_digits: int, n_train_prompts: int,
                  n_val_prompts: int, teacher_accuracy: float = 1.0, seed: int = 0, task_seed: int = 1234,
-                 **_: object):
+                 op_weights: list[float] | None = None, **_: object):
         super().__init__(tokenizer)
         unknown = sorted(set(ops) - set(OPS))
         if unknown or not ops:
             raise ValueError(f"task.ops: unknown op(s) {unknown or ops}; known: {sorted(OPS)}")
+        weights = np.asarray(op_weights if op_weights else [1.0] * len(ops), dtype=float)
+        if len(weights) != len(ops) or (weights < 0).any() or weights.sum() <= 0:
+            raise ValueError(f"task.op_weights: one weight >= 0 per op ({len(ops)}: {ops}), not all 0; got "
+                             f"{list(op_weights or [])}")
+        self.op_p = weights / weights.sum()
+        self._uniform = bool(np.all(self.op_p == self.op_p[0]))  # (drawn as it always was)
         if not 1 <= min_digits <= max_digits:
             raise ValueError(f"task: need 1 <= min_digits <= max_digits, got {min_digits}, {max_digits}")
         if not 0 <= teacher_accuracy <= 1:
@@ -52,21 +66,23 @@ class SyntheticTask(Task):
         train = self._draw(rng, n_train_prompts, seen)
         self.splits = {"train": train, "val": val}
         self._task_seed, self._chunk, self._room = task_seed, n_train_prompts, room
-        self._splits_seen = set(seen)  # fresh training prompts are drawn apart from these (the warm start's are not)
+        self._splits_seen = seen  # fresh training prompts are drawn apart from these
+        self._val = {p.prompt for p in val}  # the warm start's examples avoid these only (they may repeat)
         self._warm_rng_seed = task_seed + 1
         self._warm: list[Problem] = []
-        self._seen = seen
 
-    def _draw(self, rng: np.random.Generator, count: int, seen: set[str]) -> list[Problem]:
+    def _draw(self, rng: np.random.Generator, count: int, seen: set[str], unique: bool = True) -> list[Problem]:
+        """`count` problems none of which is in `seen`; `unique`: none twice either (each is added to `seen`)."""
         out: list[Problem] = []
         while len(out) < count:
-            op = self.ops[int(rng.integers(len(self.ops)))]
+            op = self.ops[int(rng.integers(len(self.ops)) if self._uniform else rng.choice(len(self.ops), p=self.op_p))]
             digits = "".join(map(str, rng.integers(0, 10, size=int(rng.integers(self.min_digits,
                                                                                 self.max_digits + 1)))))
             prompt = f"{op} {digits}:"
             if prompt in seen:
                 continue
-            seen.add(prompt)
+            if unique:
+                seen.add(prompt)
             out.append(Problem(prompt=prompt, answer=OPS[op](digits)))
         return out
 
@@ -80,10 +96,11 @@ class SyntheticTask(Task):
         return self._chunk
 
     def warm_start_example(self, index: int) -> tuple[str, str]:
-        """Problem `index` of an endless stream of the same family, none of them a validation prompt."""
+        """Problem `index` of an endless stream of the same family, none of them a validation prompt (the stream
+        may repeat a problem, or hold a training prompt, as SFT data overlaps RL data)."""
         if index >= len(self._warm):
             rng = np.random.default_rng([self._warm_rng_seed, len(self._warm)])
-            self._warm.extend(self._draw(rng, max(256, index + 1 - len(self._warm)), self._seen))
+            self._warm.extend(self._draw(rng, max(256, index + 1 - len(self._warm)), self._val, unique=False))
         problem = self._warm[index]
         rng = np.random.default_rng([self._warm_rng_seed, index, 3])
         if rng.random() < self.teacher_accuracy:
