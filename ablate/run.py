@@ -65,8 +65,12 @@ def print_plan(planned: Sequence[Planned], title: str) -> None:
 
 
 def variant_tags(p: Planned, sweep: str) -> dict[str, str]:
-    return {"ablate.sweep": sweep, "ablate.variant": p.variant.name, "ablate.axis": p.variant.axis,
+    tags = {"ablate.sweep": sweep, "ablate.variant": p.variant.name, "ablate.axis": p.variant.axis,
             "ablate.choice": p.variant.choice, "ablate.signature": p.signature}
+    untestable = p.cfg.get("untestable") or {}
+    if p.variant.axis in untestable and not p.cfg.generator.simulated:  # no verdict in the report, and why
+        tags["ablate.untestable"] = str(untestable[p.variant.axis])
+    return tags
 
 
 def job_config(cfg: DictConfig) -> dict:

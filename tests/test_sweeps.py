@@ -116,7 +116,7 @@ def test_single_run_is_named_after_its_recipe_and_hand_changes():
 def test_signature_is_sha256_of_the_canonical_semantic_config():
     cfg = compose([])
     container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    for key in ("name", "paths", "launcher", "tracking", "sweep", "axes"):
+    for key in ("name", "paths", "launcher", "tracking", "sweep", "axes", "untestable"):
         container.pop(key)
     expected = hashlib.sha256(json.dumps(container, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     assert signature(cfg) == expected[:12]
@@ -163,3 +163,15 @@ def test_what_a_re_sweep_does_with_each_variant():
     # no checkpoint at all: a fresh run (continuing one from step 0 would log its steps twice)
     assert _decide([run("a", "FAILED")], {}, saved) == ("new", None)
     assert _decide([], {}, saved) == ("new", None)
+
+
+def test_a_variant_this_scale_cannot_test_is_tagged_with_why_unless_simulated():
+    """experiment=tiny lists precision as untestable (fp32 model, the same kernels on both sides): loo-fp32 carries
+    the reason to the report; the mock, which plays the paper's scale, gets no such tag."""
+    from ablate.run import variant_tags
+
+    real = {p.variant.name: variant_tags(p, "s") for p in plan(compose(["sweep=loo"]), ["sweep=loo"])}
+    assert "fp32 LM head" in real["loo-fp32"]["ablate.untestable"]
+    assert [name for name, tags in real.items() if "ablate.untestable" in tags] == ["loo-fp32"]
+    mock = plan(compose(["sweep=loo", "generator=mock"]), ["sweep=loo", "generator=mock"])
+    assert not any("ablate.untestable" in variant_tags(p, "s") for p in mock)
