@@ -166,7 +166,8 @@ def plot_params(items: Sequence[tuple[str, SigmoidFit, SigmoidFit | None]], base
     ax_a.set_xlabel("A")
     ax_b.set_xlabel("B")
     if base_fit is not None:
-        ax_a.text(0.01, 0.01, f"band: {base} A +- {a_tie}", transform=ax_a.transAxes, fontsize=7, color="0.4")
+        ax_a.text(0.01, 0.01, f"band: {base} A +- {a_tie} (the paper's margin: a move inside it is small)",
+                  transform=ax_a.transAxes, fontsize=7, color="0.4")
     fig.savefig(path)
     return path
 

@@ -32,7 +32,7 @@ detectable change.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from analysis.fit import CI_LEVEL, FitError, SigmoidFit
@@ -196,12 +196,14 @@ def resolution(x: float, ci: tuple[float, float], x_base: float, ci_base: tuple[
 
 MOVES_A, MOVES_B, BOTH, NO_CHANGE = "moves A", "moves B", "moves A and B", "no detectable change"
 CATEGORIES = (MOVES_A, MOVES_B, BOTH, NO_CHANGE)
+NOT_TESTABLE = "not testable at this scale"  # the sweep says the axis cannot show its effect here: no verdict
 OWN_FITS, COMMON_A = "own fits", "common A"
 
 
 @dataclass(frozen=True)
 class Verdict:
-    label: str  # a CATEGORIES entry, or: base | no fit | no base | no verdict (a failed or truncated run)
+    label: str  # a CATEGORIES entry, or: base | no fit | no base | no verdict (a failed or truncated run) |
+    #             not testable at this scale
     dA: float | None = None  # A - A_base, own fits
     dB: float | None = None  # B - B_base, as compared (b_basis)
     b_basis: str = ""  # OWN_FITS or COMMON_A: which B were compared
@@ -263,8 +265,7 @@ def verdict(fit: SigmoidFit, base: SigmoidFit | None, *,
     small = a_moved and abs(dA) < A_TIE
     v = Verdict(label, dA=dA, dB=dB, b_basis=basis, common_A=joint.A if joint is not None else None,
                 B=(mine.B, theirs.B), small=small, resolution=power)
-    detail = f"{_a_detail(fit, base, a_moved, small)}; {_b_detail(mine, theirs, b_moved, v, why)}"
-    return Verdict(**{**v.__dict__, "detail": detail})
+    return replace(v, detail=f"{_a_detail(fit, base, a_moved, small)}; {_b_detail(mine, theirs, b_moved, v, why)}")
 
 
 def _b_at_common_A(fit: SigmoidFit, base: SigmoidFit, common):

@@ -7,6 +7,9 @@ the words and tables are analysis/text.py. What one report compares (issue 13):
 - one setup: runs of different models, tasks or generators (their params) are refused, naming the difference;
 - complete runs: a run that is not FINISHED, or FINISHED short of its train.steps, is named in the headline and
   shown with its fit, but has no rank and no verdict; a variant's seeds that did complete are pooled without it.
+A variant whose axis the sweep tagged untestable at its scale (ablate.untestable: e.g. the fp32 head of a model
+that computes in fp32 anyway) is ranked with its fit but gets "not testable at this scale" and the reason, not a
+verdict.
 Runs that are seeds of one variant are fitted together (analysis.runs.group_seeds): one row per variant. Mock runs
 (generator=mock) carry their truth (analysis/truth.py): the report shows it beside each fit and checks each
 verdict against it.
@@ -29,7 +32,7 @@ from analysis.fit import FitError, SigmoidFit, fit_sigmoid, prepare
 from analysis.joint import CommonAFit, fit_common_A
 from analysis.plots import plot_linearized, plot_overview, plot_params, plot_variant
 from analysis.posterior import fit_state
-from analysis.rank import A_TIE, BASELINE, CATEGORIES, Ranked, Verdict, rank_fits, verdict
+from analysis.rank import A_TIE, BASELINE, CATEGORIES, NOT_TESTABLE, Ranked, Verdict, rank_fits, verdict
 from analysis.runs import (
     ALL_SWEEPS,
     NoRuns,
@@ -269,7 +272,7 @@ def _rows(curves: list[RunCurve], out: Path) -> list[ReportRow]:
     for r in ranked:
         i, group = r.index, groups[r.index]
         why = "; ".join(sorted({c.incomplete for c in group if c.incomplete}))
-        v = _verdict(i, base_i, fits, common, why)
+        v = _verdict(i, base_i, fits, common, why, next((c.untestable for c in group if c.untestable), ""))
         seen = (truths[i] is not None and base_i is not None and truths[base_i] is not None
                 and v.label in CATEGORIES and v.resolution is not None)
         rows.append(ReportRow(
@@ -291,9 +294,12 @@ def _rows(curves: list[RunCurve], out: Path) -> list[ReportRow]:
     return rows
 
 
-def _verdict(i: int, base_i: int | None, fits: list[SigmoidFit], common, why_incomplete: str) -> Verdict:
+def _verdict(i: int, base_i: int | None, fits: list[SigmoidFit], common, why_incomplete: str,
+             untestable: str) -> Verdict:
     if why_incomplete:
         return Verdict("no verdict", detail=f"incomplete: {why_incomplete}")
+    if untestable and i != base_i:
+        return Verdict(NOT_TESTABLE, detail=untestable)
     if base_i is None:
         return verdict(fits[i], None)
     if i == base_i:

@@ -19,7 +19,8 @@ from ablate.tracking import server_problem  # stdlib only: no torch, no trainer
 
 PASS_RATE = "val/pass_rate"
 COMPUTE = "compute/gpu_hours"
-END_REASON_TAG = "ablate.end_reason"  # why a FINISHED run stopped before train.steps, when the trainer says
+END_REASON_TAG = "ablate.stopped_early"  # why a FINISHED run stopped before train.steps (the trainer's reason)
+UNTESTABLE_TAG = "ablate.untestable"  # why a variant's axis cannot show its effect at this scale (the sweep's)
 ALL_SWEEPS = "all"  # `--sweep all`: every sweep of the experiment
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 HEALTH_TIMEOUT_S = 5.0
@@ -71,10 +72,15 @@ class RunCurve:
             return None
 
     @property
+    def untestable(self) -> str:
+        """Why its axis cannot show an effect at this scale (tag ablate.untestable, set by the sweep), or ""."""
+        return self.tags.get(UNTESTABLE_TAG, "")
+
+    @property
     def incomplete(self) -> str:
         """Why the run cannot be compared with finished ones, or "": not FINISHED ("FAILED at step 730 of 1,000"),
         or FINISHED short of its configured steps ("truncated at step 730 of 1,000", with the reason the trainer
-        tagged, ablate.end_reason, when there is one)."""
+        tagged, ablate.stopped_early, when there is one)."""
         planned = self.planned_steps
         of = f" of {planned:,}" if planned else ""
         if self.status != "FINISHED":
@@ -131,15 +137,16 @@ def load_runs(
 
 
 def latest_sweep(experiment: str, tracking_uri: str | None = None) -> str | None:
-    """The sweep id (tag ablate.sweep) of the variant run started last in `experiment`; None when there is none
-    (or the experiment does not exist: load_runs says so)."""
+    """The sweep id (tag ablate.sweep) of the variant run started last in `experiment`; None when there is none, or
+    that run has no sweep tag (runs not logged by ablate: all are reported), or the experiment does not exist
+    (load_runs says so)."""
     client = _client(tracking_uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return None
     for run in client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"], max_results=200):
         if _is_variant(run.data.tags):
-            return run.data.tags.get("ablate.sweep", "none")
+            return run.data.tags.get("ablate.sweep")
     return None
 
 

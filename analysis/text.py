@@ -14,7 +14,8 @@ import textwrap
 from pathlib import Path
 
 from analysis.fit import CI_LEVEL, fmt_compute
-from analysis.rank import A_TIE, BASELINE, BOTH, CATEGORIES, MOVES_A, MOVES_B, NO_CHANGE
+from analysis.rank import A_TIE, BASELINE, BOTH, CATEGORIES, MOVES_A, MOVES_B, NO_CHANGE, NOT_TESTABLE
+from analysis.runs import ALL_SWEEPS
 
 WIDTH = 120  # the terminal text's widest line
 
@@ -27,7 +28,8 @@ def headline(report) -> list[str]:
     scope = _scope(report)
     n_runs = sum(row.n_seeds for row in report.rows)
     seeds = sorted({row.n_seeds for row in report.rows if not row.incomplete})
-    per = f"{seeds[0]} seed{'s' if seeds[0] > 1 else ''} per variant" if len(seeds) == 1 else "seeds pooled"
+    per = (f"{seeds[0]} seed{'s' if seeds[0] > 1 else ''} per variant" if len(seeds) == 1
+           else "seeds pooled" if seeds else "no complete run")
     lines = [f"{report.experiment}, {scope}: {len(report.rows)} rows from {n_runs} runs ({per}), "
              f"{sum(r.fit.ok for r in report.rows)} fitted."]
     if report.base:
@@ -44,6 +46,10 @@ def headline(report) -> list[str]:
     if report.left_out:
         named = "; ".join(f"{row.label}: {row.incomplete}" for row in report.left_out)
         lines.append(f"No rank and no verdict (incomplete runs): {named}.")
+    untestable = [row for row in report.rows if row.verdict.label == NOT_TESTABLE]
+    if untestable:
+        named = "; ".join(f"{row.label}: {row.verdict.detail}" for row in untestable)
+        lines.append(f"No verdict, {NOT_TESTABLE}: {named}.")
     res = report.resolution
     if res is not None:
         lines.append(f"Resolution: changes of {_res_a(res[0])} and {_res_b(res[1])} are found 9 times in 10 (median "
@@ -60,7 +66,7 @@ def headline(report) -> list[str]:
 def _scope(report) -> str:
     if report.sweep is None:
         return f"selected runs of sweep {', '.join(report.sweeps)}"
-    if report.sweep == "all":
+    if report.sweep == ALL_SWEEPS:
         return f"all sweeps ({', '.join(report.sweeps)})"
     return f"sweep {report.sweep}"
 
@@ -242,7 +248,8 @@ def method_paragraphs() -> list[str]:
         f"else \"{NO_CHANGE}\". The B compared: where A moved, each run's own fit (a B at a common A would carry "
         "the A difference); where A is indistinguishable, both refitted with a common A (the paper's method), "
         "unless a common A fits poorly. Each verdict gives its resolution: the smallest |ΔA| and |ΔB| its "
-        "comparison finds 9 times in 10. Runs that did not finish their configured steps get no verdict.",
+        "comparison finds 9 times in 10. Runs that did not finish their configured steps get no verdict, nor do "
+        "variants whose axis the sweep marks as not testable at its scale.",
     ]
 
 
