@@ -65,9 +65,7 @@ def solve(law: "Law", x0: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> n
     if not math.isfinite(value):
         return x
     for _ in range(MAX_STEPS):
-        hess, grad = law.normal_equations(x)
-        if law.firth:
-            grad = grad - 0.5 * law.log_det_gradient(x, lower, upper)
+        hess, grad = law.linearize(x, lower, upper)
         try:
             step = -np.linalg.solve(hess + 1e-9 * np.trace(hess) * np.eye(len(x)), grad)
         except np.linalg.LinAlgError:
@@ -186,22 +184,25 @@ class Law:
             info[:, -1, -1] += 1.0 / self.r0_sd**2
         return info
 
-    def normal_equations(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The Gauss-Newton Hessian J^T P J and the gradient J^T P e of the sum of squares at x (priors in)."""
-        e, jac = self.residuals(x[None])
+    def linearize(self, x: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The Gauss-Newton Hessian J^T P J and the gradient of the objective at x (priors in; with firth, the
+        gradient of -1/2 log det by forward differences): x and its p shifted copies in one batch."""
+        p = len(x)
+        shifted = x[None] + FD_STEP * np.eye(p)
+        shifted = np.where(shifted <= upper, shifted, x[None] - FD_STEP * np.eye(p))  # backwards at an upper bound
+        rows = np.vstack([x[None], np.maximum(shifted, lower)]) if self.firth else x[None]
+        e, jac = self.residuals(rows)
         pe, pjac = self._weighted(e, jac)
-        hess = self._information(jac, pjac)[0]
+        info = self._information(jac, pjac)
         grad = jac[0].T @ pe[0]
         if self.free_r0:
             grad[-1] += (x[-1] - self.R0) / self.r0_sd**2
-        return hess, grad
-
-    def log_det(self, X: np.ndarray) -> np.ndarray:
-        """log det(J^T P J) per row of X (-inf where singular)."""
-        e, jac = self.residuals(X)
-        _, pjac = self._weighted(e, jac)
-        sign, value = np.linalg.slogdet(self._information(jac, pjac))
-        return np.where(sign > 0, value, -np.inf)
+        if self.firth:
+            sign, log_det = np.linalg.slogdet(info)
+            width = np.diag(rows[1:] - x[None])
+            ok = (sign[1:] > 0) & (sign[0] > 0) & (width != 0)
+            grad = grad - 0.5 * np.where(ok, (log_det[1:] - log_det[0]) / np.where(ok, width, 1.0), 0.0)
+        return info[0], grad
 
     def objective(self, X: np.ndarray) -> np.ndarray:
         """1/2 e^T P e (+ R0's prior), minus 1/2 log det(J^T P J) with firth: minus the (penalized)
@@ -216,14 +217,3 @@ class Law:
             sign, log_det = np.linalg.slogdet(self._information(jac, pjac))
             value = value - 0.5 * np.where(sign > 0, log_det, -np.inf)
         return value
-
-    def log_det_gradient(self, x: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
-        """Central differences (one-sided at a bound), the 2p points evaluated at once."""
-        p = len(x)
-        up = np.minimum(x[None] + FD_STEP * np.eye(p), upper)
-        down = np.maximum(x[None] - FD_STEP * np.eye(p), lower)
-        values = self.log_det(np.vstack([up, down]))
-        width = np.diag(up - down)
-        diff = values[:p] - values[p:]
-        ok = (width > 0) & np.isfinite(diff)
-        return np.where(ok, diff / np.where(width > 0, width, 1.0), 0.0)

@@ -69,9 +69,16 @@ def test_penalized_objective_is_half_the_weighted_sum_of_squares_minus_half_log_
     expected = (0.5 * (e @ e) / 0.004**2 + 0.5 * ((0.31 - data.R0) / 0.002) ** 2
                 - 0.5 * np.linalg.slogdet(info)[1])
     assert law.objective(x[None])[0] == pytest.approx(expected)
-    hess, grad = law.normal_equations(x)
+    plain = Law(data.log_c, data.r, data.R0, None, precision=white, r0_sd=0.002)  # no Firth penalty
+    lower, upper = np.array([0.3, -2.0, 5.0, 0.0]), np.array([1.0, 3.0, 12.0, 1.0])
+    hess, grad = plain.linearize(x, lower, upper)
     assert hess == pytest.approx(info)
     assert grad[-1] == pytest.approx(jac[:, -1] @ e / 0.004**2 + (0.31 - data.R0) / 0.002**2)
+    # with it, the gradient against central differences of the whole objective
+    h = 1e-6
+    numeric = [(law.objective((x + h * np.eye(4)[k])[None])[0] - law.objective((x - h * np.eye(4)[k])[None])[0])
+               / (2 * h) for k in range(4)]
+    assert law.linearize(x, lower, upper)[1] == pytest.approx(numeric, rel=1e-3)
     # a loss is not a gain: A below R0 is outside the model
     assert law.objective(np.array([[0.30, math.log(2.0), math.log(2500.0), 0.31]]))[0] == math.inf
 
