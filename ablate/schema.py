@@ -236,6 +236,9 @@ class Train:
     micro_batch_tokens: int = 0  # and at most about this many tokens, padded (0: rows alone decide)
     activation_checkpointing: bool = False  # recompute each decoder layer in the backward: less memory, more time
     checkpoint_every: int = 100  # steps; a killed or preempted run resumes from its last checkpoint
+    # > 0: compute/gpu_hours counts each step's FLOPs at this many TFLOP/s per device (reproducible on a shared
+    # machine); 0: every device the job holds x wall-clock time (the paper's GPU-hours)
+    reference_tflops: float = 0.0
 
 
 # ----------------------------------------------------------------------------- how it runs (not part of a run's identity)

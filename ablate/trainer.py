@@ -314,8 +314,9 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
             now = time.perf_counter()
             wall, tick = now - tick, now
             state.step = step
-            state.gpu_hours += generator.step_gpu_hours(rollouts, wall)
-            state.flops += _step_flops(n_params, rollouts)
+            flops = _step_flops(n_params, rollouts, keep)
+            state.gpu_hours += generator.step_gpu_hours(rollouts, wall, flops)
+            state.flops += flops
             metrics = {
                 "compute/gpu_hours": state.gpu_hours,
                 "compute/flops": state.flops,
@@ -381,8 +382,9 @@ def _staleness(rollouts: Rollouts, version: int) -> dict:
             "train/staleness_max": float(torch.where(mask, lag, -torch.inf).max())}
 
 
-def _step_flops(n_params: int, rollouts: Rollouts) -> float:
-    """2 N per generated token (forward), 6 N per trained token (forward and backward): Kaplan et al. 2020."""
+def _step_flops(n_params: int, rollouts: Rollouts, keep: torch.Tensor) -> float:
+    """2 N per generated token (forward), 6 N per trained token (forward and backward; the rows filtering keeps,
+    the only ones the Learner runs): Kaplan et al. 2020."""
     generated = float(rollouts.lengths.sum())
-    trained = float(rollouts.mask.sum())
+    trained = float((rollouts.mask & keep[:, None].to(rollouts.mask.device)).sum())
     return 2.0 * n_params * generated + 6.0 * n_params * trained

@@ -114,3 +114,28 @@ def test_the_model_presets_build_the_sizes_they_say():
         cfg = compose([f"model={preset}"])
         n = sum(p.numel() for p in build_policy(cfg.model, 0).parameters())
         assert low <= n <= high, (preset, n)
+
+
+def test_flops_count_generated_tokens_and_the_trained_tokens_of_the_rows_filtering_keeps():
+    from ablate.trainer import _step_flops
+
+    cfg = OmegaConf.create(OmegaConf.to_container(compose(["generator=mock"]), resolve=True, enum_to_str=True))
+    ro = build(cfg.generator, cfg=cfg).rollouts([0, 1], 0, compute=2000.0)
+    keep = torch.ones(ro.n, dtype=torch.bool)
+    keep[: ro.n // 2] = False  # the first prompt filtered out: its rows are generated, not trained
+    generated, trained = int(ro.lengths.sum()), int(ro.mask[ro.n // 2:].sum())
+    assert _step_flops(1000, ro, keep) == 2 * 1000 * generated + 6 * 1000 * trained
+
+
+def test_with_a_reference_throughput_compute_is_the_runs_flops_at_it(tmp_path, mlflow_uri):
+    """train.reference_tflops: compute/gpu_hours = compute/flops / (TFLOP/s x 1e12 x 3600), step by step: the same on
+    every machine, whatever else it runs."""
+    cfg = compose(["train.steps=3", "task.n_val_prompts=4", "task.val_samples=1", "train.reference_tflops=0.5",
+                   f"paths.outputs={tmp_path}"])
+    client = tracking.client(mlflow_uri)
+    run_id = tracking.create_variant_run(client, tracking.experiment_id(client, "clock"), "scalerl", {})
+    seen = []
+    train(cfg, run_id, mlflow_uri, progress=lambda step, total, metrics: seen.append(metrics))
+    for m in seen:
+        assert m["compute/gpu_hours"] == pytest.approx(m["compute/flops"] / (0.5e12 * 3600), rel=1e-12)
+    assert seen[-1]["compute/flops"] > seen[0]["compute/flops"] > 0

@@ -2,7 +2,9 @@
 pipeline (ablate/generators/pipeline.py), on CPU or one GPU. Validation samples the trainer's current policy.
 
 Compute: every device the job holds is busy for the whole wall-clock time of the run (the generator and the
-trainer share them), so each step adds devices x its wall-clock seconds: all visible GPUs, or 1 for the CPU.
+trainer share them), so each step adds devices x its wall-clock seconds: all visible GPUs, or 1 for the CPU. With
+train.reference_tflops set, a step adds its FLOPs at that throughput instead: on a shared machine wall time
+measures the neighbours as much as the run, and FLOPs are the same on every run of the same tokens.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class HFGenerator(Pipeline):
                          max_think_tokens=int(cfg.generation.max_think_tokens), concurrent=concurrent, seed=cfg.seed)
         self.val_wave_rows = val_wave_rows
         self.devices = torch.cuda.device_count() if engine.device.type == "cuda" else 1
+        self.reference_flops = float(cfg.train.reference_tflops) * 1e12
 
     def make_engine(self, policy: torch.nn.Module, tokenizer) -> Engine:
         """The engine that decodes the pipeline's rows: ours, on its own copy of the policy in the compute dtype."""
@@ -77,5 +80,9 @@ class HFGenerator(Pipeline):
         policy.train(was_training)
         return float(np.mean([self._passed("val", r) for r in rows]))
 
-    def step_gpu_hours(self, rollouts, wall_seconds: float) -> float:
+    def step_gpu_hours(self, rollouts, wall_seconds: float, flops: float = 0.0) -> float:
+        """Device-hours of a step: its FLOPs at train.reference_tflops per device when that is set (reproducible,
+        whatever else the machine runs), else every device held for its wall-clock time."""
+        if self.reference_flops:
+            return flops / self.reference_flops / 3600.0
         return self.devices * wall_seconds / 3600.0
