@@ -37,7 +37,7 @@ from analysis.runs import ALL_SWEEPS
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = "mock-truth"
 SEEDS = (0, 1, 2)
-SWEEPS = ["-m", "ablate", "--multirun", "sweep=loo", "generator=mock", "launcher=local", "train.steps=10",
+SWEEPS = ["-m", "ablate", "--multirun", "sweep=loo", "generator=mock", "launcher=debug", "train.steps=10",
           "train.val_every=1", "model.num_layers=1", "model.hidden_size=32", "sweep.report=false",
           f"tracking.experiment={EXPERIMENT}", "seed=" + ",".join(map(str, SEEDS))]
 MOCK = yaml.safe_load((REPO / "conf" / "generator" / "mock.yaml").read_text())

@@ -27,7 +27,7 @@ from ablate.registry import build
 from ablate.trainer import Learner, PromptSampler, train
 
 SHORT = ["train.steps=3", "train.val_every=2", "train.checkpoint_every=2", "task.n_val_prompts=8",
-         "task.val_samples=2", "model.device=cpu"]
+         "task.val_samples=2", "task.warm_start_steps=20", "model.device=cpu"]
 
 
 @contextmanager

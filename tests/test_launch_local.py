@@ -59,7 +59,7 @@ def test_the_sweep_ends_with_a_report(swept):
     rows = list(csv.DictReader((reports[0] / "fits.csv").open()))
     assert sorted(r["variant"] for r in rows) == sorted(["scalerl", *PAPER_LOO])
     assert (reports[0] / "report.html").stat().st_size > 10_000
-    assert "| rank | variant |" in out.stdout and "report.html" in out.stdout
+    assert "| # | variant |" in out.stdout and "report.html" in out.stdout
 
 
 def test_the_manifest_names_every_job(swept):

@@ -114,17 +114,19 @@ def test_paper_8b_learns_at_lr_5e_7_every_step(saved_model, tmp_path, mlflow_uri
     (warmup). The synthetic task and its warm start stand in for math, which a random model never gets right (no
     reward variance, so zero-variance filtering leaves nothing to learn from)."""
     cfg = compose(["experiment=paper_8b", f"model.path={saved_model}", "model.device=cpu", "generator=hf",
-                   "task=synthetic", "batch.prompts_per_step=4",
+                   "task=synthetic", "batch.prompts_per_step=8",
                    "batch.samples_per_prompt=8", "generation.max_think_tokens=12", "generation.max_answer_tokens=8",
                    "train.steps=3", "train.val_every=100", "task.n_val_prompts=2", "task.val_samples=2",
+                   "task.warm_start_steps=100",
                    f"paths.outputs={tmp_path}"])
     assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.model.dtype) == (5e-7, 100, "bfloat16")
-    changed, step = [], Learner.step
+    changed, trained, step = [], [], Learner.step
 
-    def watched(self, *args):
+    def watched(self, ro, rewards, keep):
         before = [p.detach().clone() for p in self.policy.parameters()]
-        out = step(self, *args)
+        out = step(self, ro, rewards, keep)
         changed.append(_changed(before, [p.detach() for p in self.policy.parameters()]))
+        trained.append(bool(keep.any()))  # a step whose every prompt zero-variance filtering dropped has no gradient
         return out
 
     monkeypatch.setattr(Learner, "step", watched)
@@ -132,4 +134,4 @@ def test_paper_8b_learns_at_lr_5e_7_every_step(saved_model, tmp_path, mlflow_uri
     run_id = tracking.create_variant_run(client, tracking.experiment_id(client, "paper"), "scalerl", {})
     state = train(cfg, run_id, mlflow_uri)
     assert state.step == 3 and client.get_run(run_id).info.status == "FINISHED"
-    assert len(changed) == 3 and min(changed) > 0.5, changed
+    assert trained == [True] * 3 and min(changed) > 0.5, (trained, changed)
