@@ -94,14 +94,20 @@ def test_activation_checkpointing_gives_the_same_gradient():
     torch.testing.assert_close(_gradient(checkpointed, ro, rewards), _gradient(plain, ro, rewards))
 
 
-def test_the_math_task_runs_through_the_trainer_with_its_answer_checking(tmp_path, mlflow_uri):
-    """task=math on the tiny model (it solves nothing: the point is the path, prompts in, checked answers out)."""
-    cfg = compose(["task=math", "train.steps=2", "task.n_val_prompts=4", "task.val_samples=2",
-                   f"paths.outputs={tmp_path}"])
+def _train(overrides: list[str], outputs, mlflow_uri: str, experiment: str):
+    """The real trainer on the composed overrides, into a new scalerl run: (client, run_id, every step's metrics)."""
+    cfg = compose([*overrides, f"paths.outputs={outputs}"])
     client = tracking.client(mlflow_uri)
-    run_id = tracking.create_variant_run(client, tracking.experiment_id(client, "math"), "scalerl", {})
+    run_id = tracking.create_variant_run(client, tracking.experiment_id(client, experiment), "scalerl", {})
     seen = []
     train(cfg, run_id, mlflow_uri, progress=lambda step, total, metrics: seen.append(metrics))
+    return client, run_id, seen
+
+
+def test_the_math_task_runs_through_the_trainer_with_its_answer_checking(tmp_path, mlflow_uri):
+    """task=math on the tiny model (it solves nothing: the point is the path, prompts in, checked answers out)."""
+    client, run_id, seen = _train(["task=math", "train.steps=2", "task.n_val_prompts=4", "task.val_samples=2"],
+                                  tmp_path, mlflow_uri, "math")
     assert len(seen) == 2 and client.get_run(run_id).info.status == "FINISHED"
     assert client.get_run(run_id).data.params["task.name"] == "math"
     assert all(0.0 <= m["train/reward_mean"] <= 1.0 for m in seen)
@@ -130,12 +136,8 @@ def test_flops_count_generated_tokens_and_the_trained_tokens_of_the_rows_filteri
 def test_with_a_reference_throughput_compute_is_the_runs_flops_at_it(tmp_path, mlflow_uri):
     """train.reference_tflops: compute/gpu_hours = compute/flops / (TFLOP/s x 1e12 x 3600), step by step: the same on
     every machine, whatever else it runs."""
-    cfg = compose(["train.steps=3", "task.n_val_prompts=4", "task.val_samples=1", "train.reference_tflops=0.5",
-                   f"paths.outputs={tmp_path}"])
-    client = tracking.client(mlflow_uri)
-    run_id = tracking.create_variant_run(client, tracking.experiment_id(client, "clock"), "scalerl", {})
-    seen = []
-    train(cfg, run_id, mlflow_uri, progress=lambda step, total, metrics: seen.append(metrics))
+    *_, seen = _train(["train.steps=3", "task.n_val_prompts=4", "task.val_samples=1", "train.reference_tflops=0.5"],
+                      tmp_path, mlflow_uri, "clock")
     for m in seen:
         assert m["compute/gpu_hours"] == pytest.approx(m["compute/flops"] / (0.5e12 * 3600), rel=1e-12)
     assert seen[-1]["compute/flops"] > seen[0]["compute/flops"] > 0
