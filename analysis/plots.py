@@ -131,6 +131,15 @@ def plot_overview(items: Sequence[tuple[str, Sequence[RunCurve], SigmoidFit]], p
     return path
 
 
+def _interval(ax, point: float, lo: float, hi: float, y: float, col, hollow: bool = False) -> None:
+    """A point and its interval at height y. Drawn as a segment and a marker, not an error bar: a posterior
+    interval need not hold the best fit (a fit on a curve that falls back was seen with B outside its interval),
+    and matplotlib refuses negative error bars."""
+    ax.plot([lo, hi], [y, y], color=col, lw=0.8 if hollow else 1.2)
+    ax.plot([lo, lo, math.nan, hi, hi], [y - 0.12, y + 0.12, math.nan, y - 0.12, y + 0.12], color=col, lw=0.8)
+    ax.plot([point], [y], "o", color=col, mfc="white" if hollow else col)
+
+
 def plot_params(items: Sequence[tuple[str, SigmoidFit, SigmoidFit | None]], base: str | None, path: Path,
                 a_tie: float = 0.02) -> Path:
     """A and B with their 90% intervals side by side, one row per variant (best first, top). items:
@@ -143,15 +152,14 @@ def plot_params(items: Sequence[tuple[str, SigmoidFit, SigmoidFit | None]], base
     for y, (k, (name, fit, b_fit)) in zip(ys, enumerate(items)):
         col = color(k)
         lo, hi = fit.ci["A"]
-        ax_a.errorbar(fit.A, y, xerr=[[fit.A - lo], [hi - fit.A]], fmt="o", color=col, capsize=3)
+        _interval(ax_a, fit.A, lo, hi, y, col)
         b_lo, b_hi = fit.ci["B"]
         b_hi_draw = b_hi if math.isfinite(b_hi) else fit.B * 3
-        ax_b.errorbar(fit.B, y, xerr=[[fit.B - b_lo], [b_hi_draw - fit.B]], fmt="o", color=col, capsize=3)
+        _interval(ax_b, fit.B, b_lo, b_hi_draw, y, col)
         if b_fit is not None and b_fit.ok:
             c_lo, c_hi = b_fit.ci["B"]
             c_hi = c_hi if math.isfinite(c_hi) else b_fit.B * 3
-            ax_b.errorbar(b_fit.B, y - 0.25, xerr=[[b_fit.B - c_lo], [c_hi - b_fit.B]], fmt="o", mfc="white",
-                          color=col, capsize=2, lw=0.8)
+            _interval(ax_b, b_fit.B, c_lo, c_hi, y - 0.25, col, hollow=True)
     if base_fit is not None:
         ax_a.axvline(base_fit.A, color="0.3", ls=":", lw=1)
         ax_a.axvspan(base_fit.A - a_tie, base_fit.A + a_tie, color="0.5", alpha=0.12, lw=0)

@@ -443,3 +443,18 @@ def test_tiny_compute_is_written_with_significant_digits(tmp_path):
     md = report.markdown.read_text()
     assert re.search(r"\| 0\.001\d* \[0\.001\d*, 0\.001\d*\] \|", md)  # C_mid [90% CI] in the fits table
     assert "| 0 [" not in md
+
+
+def test_params_plot_draws_a_best_fit_outside_its_interval(tmp_path):
+    """A posterior interval need not hold the best fit (seen on a curve that rose then fell: B 2.9 beside an
+    interval starting at 3.1); the A/B plot drew them as error bars, which matplotlib refuses with "'xerr' must not
+    contain negative values", and the whole report was lost. It draws both now, and the open B side as 3 B."""
+    from analysis.fit import SigmoidFit
+    from analysis.plots import plot_params
+
+    inside = SigmoidFit(A=0.60, B=2.0, C_mid=100.0, R0=0.2, n_points=9,
+                        ci={"A": (0.58, 0.62), "B": (1.5, 2.5), "C_mid": (80.0, 120.0)})
+    outside = SigmoidFit(A=0.55, B=2.9, C_mid=100.0, R0=0.2, n_points=9,
+                         ci={"A": (0.56, 1.0), "B": (3.1, float("inf")), "C_mid": (80.0, float("inf"))})
+    path = plot_params([("scalerl", inside, None), ("loo-x", outside, outside)], "scalerl", tmp_path / "p.png")
+    assert path.stat().st_size > 1000
