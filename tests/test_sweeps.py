@@ -166,12 +166,16 @@ def test_what_a_re_sweep_does_with_each_variant():
 
 
 def test_a_variant_this_scale_cannot_test_is_tagged_with_why_unless_simulated():
-    """experiment=tiny lists precision as untestable (fp32 model, the same kernels on both sides): loo-fp32 carries
+    """experiment=tiny lists precision (fp32 model, the same kernels on both sides), length control (answers of 4-5
+    tokens never reach a budget) and aggregation (equal lengths: the same loss) as untestable: their variants carry
     the reason to the report; the mock, which plays the paper's scale, gets no such tag."""
     from ablate.run import variant_tags
 
     real = {p.variant.name: variant_tags(p, "s") for p in plan(compose(["sweep=loo"]), ["sweep=loo"])}
     assert "fp32 LM head" in real["loo-fp32"]["ablate.untestable"]
-    assert [name for name, tags in real.items() if "ablate.untestable" in tags] == ["loo-fp32"]
+    assert "is ever reached" in real["loo-lp"]["ablate.untestable"]
+    assert "weigh every token alike" in real["loo-savg"]["ablate.untestable"]
+    assert sorted(name for name, tags in real.items() if "ablate.untestable" in tags) == ["loo-fp32", "loo-lp",
+                                                                                          "loo-savg"]
     mock = plan(compose(["sweep=loo", "generator=mock"]), ["sweep=loo", "generator=mock"])
     assert not any("ablate.untestable" in variant_tags(p, "s") for p in mock)
