@@ -132,9 +132,10 @@ def plot_overview(items: Sequence[tuple[str, Sequence[RunCurve], SigmoidFit]], p
 
 
 def _interval(ax, point: float, lo: float, hi: float, y: float, col, hollow: bool = False) -> None:
-    """A point and its interval at height y. Drawn as a segment and a marker, not an error bar: a posterior
-    interval need not hold the best fit (a fit on a curve that falls back was seen with B outside its interval),
-    and matplotlib refuses negative error bars."""
+    """A point and its interval at height y; an open upper side (inf) is drawn to 3 x the point. Drawn as a segment
+    and a marker, not an error bar: a posterior interval need not hold the best fit (a fit on a curve that falls
+    back was seen with B outside its interval), and matplotlib refuses negative error bars."""
+    hi = hi if math.isfinite(hi) else point * 3
     ax.plot([lo, hi], [y, y], color=col, lw=0.8 if hollow else 1.2)
     ax.plot([lo, lo, math.nan, hi, hi], [y - 0.12, y + 0.12, math.nan, y - 0.12, y + 0.12], color=col, lw=0.8)
     ax.plot([point], [y], "o", color=col, mfc="white" if hollow else col)
@@ -151,15 +152,10 @@ def plot_params(items: Sequence[tuple[str, SigmoidFit, SigmoidFit | None]], base
     base_fit = next((fit for name, fit, _ in items if name == base), None)
     for y, (k, (name, fit, b_fit)) in zip(ys, enumerate(items)):
         col = color(k)
-        lo, hi = fit.ci["A"]
-        _interval(ax_a, fit.A, lo, hi, y, col)
-        b_lo, b_hi = fit.ci["B"]
-        b_hi_draw = b_hi if math.isfinite(b_hi) else fit.B * 3
-        _interval(ax_b, fit.B, b_lo, b_hi_draw, y, col)
+        _interval(ax_a, fit.A, *fit.ci["A"], y, col)
+        _interval(ax_b, fit.B, *fit.ci["B"], y, col)
         if b_fit is not None and b_fit.ok:
-            c_lo, c_hi = b_fit.ci["B"]
-            c_hi = c_hi if math.isfinite(c_hi) else b_fit.B * 3
-            _interval(ax_b, b_fit.B, c_lo, c_hi, y - 0.25, col, hollow=True)
+            _interval(ax_b, b_fit.B, *b_fit.ci["B"], y - 0.25, col, hollow=True)
     if base_fit is not None:
         ax_a.axvline(base_fit.A, color="0.3", ls=":", lw=1)
         ax_a.axvspan(base_fit.A - a_tie, base_fit.A + a_tie, color="0.5", alpha=0.12, lw=0)
