@@ -96,14 +96,14 @@ def test_cli_shows_the_resolved_config(tmp_path):
 
 
 def test_the_mock_brings_its_own_short_schedule_and_experiment():
-    """generator=mock is the dry run by itself: 100 steps, validation every 2, into <name>-dryrun (never beside real
+    """generator=mock is the dry run by itself: 50 steps, validation at every one, into <name>-dryrun (never beside real
     runs); the command line still decides; other generators keep the experiment's own."""
     mock, real = compose(["generator=mock"]), compose([])
-    assert (mock.train.steps, mock.train.val_every, mock.tracking.experiment) == (100, 2, "tiny-dryrun")
+    assert (mock.train.steps, mock.train.val_every, mock.tracking.experiment) == (50, 1, "tiny-dryrun")
     assert (real.train.steps, real.tracking.experiment) == (1000, "tiny")
     assert compose(["generator=mock", "train.steps=7"]).train.steps == 7
     paper = compose(["experiment=paper_8b", "model.path=/m", "generator=mock"])
-    assert (paper.train.steps, paper.tracking.experiment) == (100, "paper_8b-dryrun")
+    assert (paper.train.steps, paper.tracking.experiment) == (50, "paper_8b-dryrun")
 
 
 def test_a_model_path_that_does_not_load_fails_in_one_line_before_any_run(tmp_path):
