@@ -253,7 +253,9 @@ class Cluster(str, Enum):
 class Paths:
     outputs: str = "outputs/${name}"  # everything a study writes here: jobs, runs, reports
     runs: str = "${paths.outputs}/runs"  # one folder per MLflow run id: its checkpoint, metrics a dead store refused
-    cache: str = "${paths.outputs}/cache"  # shared by a study's runs: the warm-started weights
+    # shared by a study's runs: the warm-started weights (keyed by everything that makes them); $ABLATE_CACHE shares
+    # them across studies (the tests share one per session)
+    cache: str = "${oc.env:ABLATE_CACHE,${paths.outputs}/cache}"
 
 
 @dataclass

@@ -129,3 +129,12 @@ def test_a_model_folder_that_loads_passes_the_check(tmp_path):
     cfg = compose([])
     build_policy(cfg.model, 0, build_tokenizer(cfg.model)).save_pretrained(tmp_path)
     check_model(OmegaConf.create({"path": str(tmp_path)}))
+
+
+def test_the_warm_start_cache_is_the_studys_unless_ablate_cache_names_one(monkeypatch, tmp_path):
+    monkeypatch.delenv("ABLATE_CACHE", raising=False)
+    assert compose([]).paths.cache == "outputs/tiny/cache"
+    assert compose(["name=other"]).paths.cache == "outputs/other/cache"
+    monkeypatch.setenv("ABLATE_CACHE", str(tmp_path))
+    assert compose([]).paths.cache == str(tmp_path)
+    assert compose([f"paths.cache={tmp_path}/mine"]).paths.cache == f"{tmp_path}/mine"  # the command line decides

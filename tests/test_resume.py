@@ -11,7 +11,9 @@ import time
 from ablate import tracking
 from conftest import run_cli
 
-RUN = ["-m", "ablate", "train.steps=150", "train.checkpoint_every=20", "train.val_every=5"]
+# a small validation set (a quarter of the run's time otherwise): these tests look at the steps, not the pass rate
+QUICK = ["task.n_val_prompts=16", "task.val_samples=2"]
+RUN = ["-m", "ablate", "train.steps=150", "train.checkpoint_every=20", "train.val_every=5", *QUICK]
 
 
 def _variant_runs(folder):
@@ -89,7 +91,8 @@ def test_a_non_finite_loss_marks_the_run_diverged_and_stops_it_cleanly(tmp_path)
 
 def test_a_preemption_notice_checkpoints_at_the_end_of_the_step_and_the_run_resumes_there(tmp_path, mlflow_uri):
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    command = ["-m", "ablate", "train.steps=150", "train.checkpoint_every=1000", "train.val_every=5"]  # no periodic
+    command = ["-m", "ablate", "train.steps=150", "train.checkpoint_every=1000", "train.val_every=5",  # no periodic
+               *QUICK]
     proc = subprocess.Popen([sys.executable, *command], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
