@@ -17,13 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def _shared_warm_starts(tmp_path_factory):
     """One warm-start cache for the session ($ABLATE_CACHE, paths.cache's default): a warm start (8 s) is keyed by
     everything that makes it, so runs of the same model, task and seed in different tests load the same weights."""
-    previous = os.environ.get("ABLATE_CACHE")
-    os.environ["ABLATE_CACHE"] = str(tmp_path_factory.mktemp("warm-starts"))
-    yield
-    if previous is None:
-        os.environ.pop("ABLATE_CACHE", None)
-    else:
-        os.environ["ABLATE_CACHE"] = previous
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ABLATE_CACHE", str(tmp_path_factory.mktemp("warm-starts")))
+        yield
 
 
 @pytest.fixture(scope="session")
