@@ -25,8 +25,16 @@ detectable change.
   the two refitted with a common A (the paper's method), unless its likelihood-ratio test has p < 0.5 (own fits
   again: within overlapping intervals, a real difference in A of a few thousandths still moves B at a common A by
   more than B's own interval).
+- C_mid moved (deviation: the paper compares A and B only): where neither A nor B moved, the compute each run
+  needs to reach a reward both reached, R* = R0 + 0.7 x the smaller of their fitted gains at their last point
+  (`compute_to_reach`): their 90% intervals do not overlap. At a common A and B, the ratio of these computes is the
+  ratio of the C_mid (for any R*), so this is the paper's third parameter, measured where the data are (C_mid
+  itself sits at half of a gain A - R0 whose top is open while a curve still rises; C* sits inside both curves).
+  It is what a variant that spends more compute for the same learning shows (loo-batch at the embedded scale
+  trains the zero-variance rows at 6N FLOPs a token: same curve in steps, stretched in compute).
 - Resolution (the comparison's power): the smallest |dA| and |dB| that this comparison detects 9 times in 10, from
-  the same intervals (`resolution`); "no detectable change" holds at that resolution only.
+  the same intervals (`resolution`), and the smallest compute ratio (Efficiency.resolution); "no detectable change"
+  holds at that resolution only.
 """
 
 from __future__ import annotations
@@ -35,7 +43,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from analysis.fit import CI_LEVEL, FitError, SigmoidFit
+import numpy as np
+
+from analysis.fit import CI_LEVEL, FitError, SigmoidFit, fmt_compute
 
 BASELINE = "scalerl"  # the base recipe the verdicts compare with (the ablate.variant tag of its runs)
 A_TIE = 0.02  # the paper's margin: a move of A below it is labelled small
@@ -161,17 +171,17 @@ def _rank_group(group, common: Common | None, start: int) -> list[Ranked]:
 # --- the resolution of a comparison ------------------------------------------------------------------------------
 
 
-def _halves(x: float, ci: tuple[float, float], top: float) -> tuple[float, float]:
-    """(x - low, high - x) of an interval; a side that reaches the parameter's open bound (0 below, `top` above:
-    1 for A, inf for B) is infinite: the data do not bound it."""
+def _halves(x: float, ci: tuple[float, float], top: float, bottom: float = 0.0) -> tuple[float, float]:
+    """(x - low, high - x) of an interval; a side that reaches the parameter's open bound (`bottom` below: 0 for A
+    and B, -inf for a log; `top` above: 1 for A, inf for B) is infinite: the data do not bound it."""
     lo, hi = ci
-    below = x - lo if lo > 0 and math.isfinite(lo) else math.inf
+    below = x - lo if lo > bottom and math.isfinite(lo) else math.inf
     above = hi - x if hi < top and math.isfinite(hi) else math.inf
     return below, above
 
 
 def resolution(x: float, ci: tuple[float, float], x_base: float, ci_base: tuple[float, float],
-               top: float = math.inf) -> float:
+               top: float = math.inf, bottom: float = 0.0) -> float:
     """The smallest |x - x_base| that "the two 90% intervals do not overlap" detects with probability DETECT, in
     either direction (the larger of the two); inf where a facing side of an interval is open.
 
@@ -182,8 +192,8 @@ def resolution(x: float, ci: tuple[float, float], x_base: float, ci_base: tuple[
     from scipy.special import ndtri
 
     z_ci, z_detect = float(ndtri(0.5 + CI_LEVEL / 2)), float(ndtri(DETECT))
-    below, above = _halves(x, ci, top)
-    below_base, above_base = _halves(x_base, ci_base, top)
+    below, above = _halves(x, ci, top, bottom)
+    below_base, above_base = _halves(x_base, ci_base, top, bottom)
     worst = 0.0
     for near, far in ((above, below_base), (below, above_base)):
         if not (math.isfinite(near) and math.isfinite(far)):
@@ -192,10 +202,84 @@ def resolution(x: float, ci: tuple[float, float], x_base: float, ci_base: tuple[
     return worst
 
 
+# --- the compute to reach a reward both runs reach ---------------------------------------------------------------
+
+GAIN_SHARE = 0.7  # R* = R0 + GAIN_SHARE x the smaller fitted gain at the runs' last points: well inside both curves
+
+
+def law_compute(r: float, A, B, C_mid, R0):
+    """Eq. 1 solved for C: the compute at which the law reaches reward r, C_mid ((A - R0) / (r - R0) - 1)^(-1/B);
+    0 where r <= R0 (reached from the start), inf where r >= A (never). Works on arrays of draws."""
+    A, B, C_mid, R0 = (np.asarray(x, dtype=float) for x in (A, B, C_mid, R0))
+    inside = (r > R0) & (r < A)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        c = C_mid * ((A - R0) / (r - R0) - 1.0) ** (-1.0 / B)
+    return np.where(inside, c, np.where(r <= R0, 0.0, math.inf))
+
+
+def compute_to_reach(fit: SigmoidFit, r: float) -> tuple[float, tuple[float, float]]:
+    """(C*, its 90% interval): the compute at which the fitted law reaches reward r, and the quantiles of the same
+    over the posterior draws (for a law increasing in C, where the pointwise band of R(C) crosses r)."""
+    point = float(law_compute(r, fit.A, fit.B, fit.C_mid, fit.R0))
+    c = law_compute(r, *fit.draws.T)
+    tail = (1 - CI_LEVEL) / 2
+    return point, (float(np.quantile(c, tail)), float(np.quantile(c, 1 - tail)))
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """The compute each run needs to reach R_star (variant, base), with 90% intervals; `moved` when those do not
+    overlap; `resolution`: the smallest |ln(C* / C*_base)| the comparison detects 9 times in 10."""
+
+    R_star: float
+    C: tuple[float, float]
+    ci: tuple[tuple[float, float], tuple[float, float]]
+    moved: bool
+    resolution: float
+
+    @property
+    def ratio(self) -> float:
+        """C* / C*_base: above 1, the variant needs more compute to reach R_star."""
+        return self.C[0] / self.C[1] if self.C[1] > 0 else math.nan
+
+    @property
+    def ratio_resolution(self) -> float:
+        """The resolution as a factor on compute (exp of the log's)."""
+        return math.exp(self.resolution) if math.isfinite(self.resolution) else math.inf
+
+    @property
+    def detail(self) -> str:
+        (lo, hi), (b_lo, b_hi) = self.ci
+        spans = (f"{fmt_compute(self.C[0])} [{fmt_compute(lo)}, {fmt_compute(hi)}] vs {fmt_compute(self.C[1])} "
+                 f"[{fmt_compute(b_lo)}, {fmt_compute(b_hi)}] GPU-h")
+        return (f"compute to reach R = {self.R_star:.3f}: {self.ratio:.2f}x ({spans}, the intervals "
+                f"{'apart' if self.moved else 'overlap'})")
+
+
+def efficiency(fit: SigmoidFit, base: SigmoidFit) -> Efficiency | None:
+    """The two runs' compute to reach R* = R0 + GAIN_SHARE x the smaller of their gains at their last fitted points
+    (R0: the base's); None without posterior draws or a gain (fits without data, a curve that never rose)."""
+    if fit.draws is None or base.draws is None or not len(fit.draws) or not len(base.draws):
+        return None
+    reached = min(float(fit.predict(fit.c_max)), float(base.predict(base.c_max)))
+    if not reached > base.R0:
+        return None
+    r_star = base.R0 + GAIN_SHARE * (reached - base.R0)
+    (c, ci), (c_base, ci_base) = compute_to_reach(fit, r_star), compute_to_reach(base, r_star)
+    if not (0 < c < math.inf and 0 < c_base < math.inf):
+        return None
+    with np.errstate(divide="ignore"):
+        logs = [tuple(float(x) for x in np.log(ci)), tuple(float(x) for x in np.log(ci_base))]
+    power = resolution(math.log(c), logs[0], math.log(c_base), logs[1], bottom=-math.inf)
+    return Efficiency(R_star=r_star, C=(c, c_base), ci=(ci, ci_base), moved=not overlap(ci, ci_base),
+                      resolution=power)
+
+
 # --- verdicts against the base recipe --------------------------------------------------------------------------
 
 MOVES_A, MOVES_B, BOTH, NO_CHANGE = "moves A", "moves B", "moves A and B", "no detectable change"
-CATEGORIES = (MOVES_A, MOVES_B, BOTH, NO_CHANGE)
+MOVES_C = "moves C_mid"  # neither A nor B moved, the compute to reach a common reward did
+CATEGORIES = (MOVES_A, MOVES_B, BOTH, MOVES_C, NO_CHANGE)
 NOT_TESTABLE = "not testable at this scale"  # the sweep says the axis cannot show its effect here: no verdict
 OWN_FITS, COMMON_A = "own fits", "common A"
 
@@ -211,6 +295,7 @@ class Verdict:
     B: tuple[float, float] | None = None  # (variant, base) B as compared
     small: bool = False  # A moved by less than the paper's 0.02
     resolution: tuple[float, float] | None = None  # the smallest |dA|, |dB| this comparison detects 9 times in 10
+    compute: Efficiency | None = None  # the compute to reach a reward both reach (None: no draws to tell it)
     detail: str = ""
 
     @property
@@ -222,8 +307,15 @@ class Verdict:
         return self.label in (MOVES_B, BOTH)
 
     @property
+    def moves_C(self) -> bool:
+        return self.label == MOVES_C
+
+    @property
     def text(self) -> str:
-        """The label as a table shows it: "moves A (small)" for a move below the paper's 0.02."""
+        """The label as a table shows it: "moves A (small)" for a move below the paper's 0.02, "moves C_mid (1.38x
+        compute)"."""
+        if self.moves_C:
+            return f"{self.label} ({self.compute.ratio:.2f}x compute)"
         return f"{self.label} (small)" if self.small else self.label
 
     @property
@@ -234,7 +326,11 @@ class Verdict:
         dA, dB = self.resolution
         a = f"|ΔA| >= {dA:.3f}" if math.isfinite(dA) else "ΔA not resolved (an A interval is open)"
         b = f"|ΔB| >= {dB:.2f}" if math.isfinite(dB) else "ΔB not resolved (a B interval is open)"
-        return f"{a}, {b}"
+        if self.compute is None:
+            return f"{a}, {b}"
+        factor = self.compute.ratio_resolution
+        c = f"compute x{factor:.2f} or /{factor:.2f}" if math.isfinite(factor) else "compute not resolved"
+        return f"{a}, {b}, {c}"
 
     @property
     def B_label(self) -> str:
@@ -259,13 +355,17 @@ def verdict(fit: SigmoidFit, base: SigmoidFit | None, *,
     basis = COMMON_A if joint is not None else OWN_FITS
     dB = mine.B - theirs.B
     b_moved = not overlap(mine.ci["B"], theirs.ci["B"])
-    label = BOTH if a_moved and b_moved else MOVES_A if a_moved else MOVES_B if b_moved else NO_CHANGE
+    compute = efficiency(fit, base)
+    c_moved = not a_moved and not b_moved and compute is not None and compute.moved
+    label = (BOTH if a_moved and b_moved else MOVES_A if a_moved else MOVES_B if b_moved else MOVES_C if c_moved
+             else NO_CHANGE)
     power = (resolution(fit.A, fit.ci["A"], base.A, base.ci["A"], top=1.0),
              resolution(mine.B, mine.ci["B"], theirs.B, theirs.ci["B"]))
     small = a_moved and abs(dA) < A_TIE
     v = Verdict(label, dA=dA, dB=dB, b_basis=basis, common_A=joint.A if joint is not None else None,
-                B=(mine.B, theirs.B), small=small, resolution=power)
-    return replace(v, detail=f"{_a_detail(fit, base, a_moved, small)}; {_b_detail(mine, theirs, b_moved, v, why)}")
+                B=(mine.B, theirs.B), small=small, resolution=power, compute=compute)
+    detail = f"{_a_detail(fit, base, a_moved, small)}; {_b_detail(mine, theirs, b_moved, v, why)}"
+    return replace(v, detail=detail + (f"; {compute.detail}" if compute is not None else ""))
 
 
 def _b_at_common_A(fit: SigmoidFit, base: SigmoidFit, common):

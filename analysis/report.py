@@ -54,9 +54,9 @@ CSV_COLUMNS = ["variant", "A", "A_lo", "A_hi", "B", "B_lo", "B_hi", "C_mid", "R0
 # half-run extrapolation check, and for mock runs the truth and whether the verdict agrees with it
 CSV_EXTRA = ["C_mid_lo", "C_mid_hi", "rank", "rank_common_A", "rank_B", "rank_B_lo", "rank_B_hi", "verdict",
              "verdict_small", "dA", "dB", "dB_basis", "verdict_common_A", "resolution_dA", "resolution_dB",
-             "n_seeds", "label", "run_ids", "extrap_fit_to", "extrap_predicted", "extrap_lo", "extrap_hi",
+             "R_star", "compute_ratio", "resolution_compute", "n_seeds", "label", "run_ids", "extrap_fit_to", "extrap_predicted", "extrap_lo", "extrap_hi",
              "extrap_observed", "powerlaw_A", "powerlaw_predicted", "true_A", "true_B", "true_C_mid", "true_dA",
-             "true_dB", "truth_says", "truth_disagrees", "notes"]
+             "true_dB", "true_compute_ratio", "truth_says", "truth_disagrees", "notes"]
 ARTIFACT_DIR = "report"
 EXTRAPOLATION_FRACTION = 0.5
 
@@ -117,7 +117,8 @@ class ReportRow:
         if self.expected is None:
             return ""
         v = self.verdict
-        return self.expected.judge(v.moves_A, v.dA, v.moves_B, v.dB)
+        return self.expected.judge(v.moves_A, v.dA, v.moves_B, v.dB, v.moves_C,
+                                   math.log(v.compute.ratio) if v.compute is not None else None)
 
     @property
     def B_label(self) -> str:
@@ -176,6 +177,12 @@ class Report:
         if not res:
             return None
         return statistics.median(r[0] for r in res), statistics.median(r[1] for r in res)
+
+    @property
+    def compute_resolution(self) -> float | None:
+        """The median over the verdicts of the compute ratio they resolve (a factor); None without any."""
+        res = [row.verdict.compute.ratio_resolution for row in self.verdicts if row.verdict.compute is not None]
+        return statistics.median(res) if res else None
 
 
 def make_report(
@@ -289,7 +296,7 @@ def _rows(curves: list[RunCurve], out: Path) -> list[ReportRow]:
             plot=out / f"fit-{_safe(r.name)}.png",
             incomplete=why,
             truth=truths[i],
-            expected=expected(truths[i], truths[base_i], v.resolution) if seen else None,
+            expected=expected(truths[i], truths[base_i], v.resolution, v.compute) if seen else None,
         ))
     return rows
 
@@ -432,9 +439,12 @@ def _write_csv(rows: list[ReportRow], path: Path) -> Path:
             ex_numbers = [ex.c_fit if ex.ok else None, ex.predicted, *ex.predicted_ci, ex.observed,
                           ex.power.A if ex.power is not None and ex.power.ok else None, ex.power_predicted]
             res = v.resolution or (None, None)
+            c = v.compute
+            res += (c.R_star, c.ratio, c.ratio_resolution) if c is not None else (None,) * 3
             t, e = row.truth, row.expected
             truth = [t.A, t.B, t.C_mid] if t is not None else [None] * 3
             truth += [e.dA, e.dB] if e is not None else [None] * 2
+            truth += [math.exp(e.dlnC) if e is not None and e.dlnC is not None else None]
             writer.writerow([
                 row.variant, *(_csv_num(x) for x in numbers), row.status,
                 *(_csv_num(x) for x in c_ci), "" if row.rank is None else row.rank, *(_csv_num(x) for x in rank_b),

@@ -14,7 +14,8 @@ import textwrap
 from pathlib import Path
 
 from analysis.fit import CI_LEVEL, fmt_compute
-from analysis.rank import A_TIE, BASELINE, BOTH, CATEGORIES, MOVES_A, MOVES_B, NO_CHANGE, NOT_TESTABLE
+from analysis.rank import (A_TIE, BASELINE, BOTH, CATEGORIES, GAIN_SHARE, MOVES_A, MOVES_B, MOVES_C, NO_CHANGE,
+                           NOT_TESTABLE)
 from analysis.runs import ALL_SWEEPS
 
 WIDTH = 120  # the terminal text's widest line
@@ -50,11 +51,12 @@ def headline(report) -> list[str]:
     if untestable:
         named = "; ".join(f"{row.label}: {row.verdict.detail}" for row in untestable)
         lines.append(f"No verdict, {NOT_TESTABLE}: {named}.")
-    res = report.resolution
+    res, res_c = report.resolution, report.compute_resolution
     if res is not None:
-        lines.append(f"Resolution: changes of {_res_a(res[0])} and {_res_b(res[1])} are found 9 times in 10 (median "
-                     "over the verdicts; each verdict's own is with it). \"No detectable change\" means: none at "
-                     "that resolution.")
+        compute = (f", and compute to reach a common reward {_res_c(res_c)}," if res_c is not None else "")
+        lines.append(f"Resolution: changes of {_res_a(res[0])} and {_res_b(res[1])}{compute} are found 9 times in 10 "
+                     "(median over the verdicts; each verdict's own is with it). \"No detectable change\" means: "
+                     "none at that resolution.")
     if report.has_truth:
         judged = [row for row in report.rows if row.expected is not None]
         wrong = [row.label for row in judged if row.truth_disagrees]
@@ -77,6 +79,10 @@ def _res_a(x: float) -> str:
 
 def _res_b(x: float) -> str:
     return f"|ΔB| >= {x:.2f}" if math.isfinite(x) else "any ΔB (not resolved: a B interval is open)"
+
+
+def _res_c(factor: float) -> str:
+    return f"x{factor:.2f} or more" if math.isfinite(factor) else "by any factor (not resolved: an interval is open)"
 
 
 # --- the ranked table --------------------------------------------------------------------------------------------
@@ -154,36 +160,50 @@ def note_lines(report) -> list[str]:
 # --- the known truth of mock runs --------------------------------------------------------------------------------
 
 TRUTH_HEADERS = ["variant", "A fit", "A true", "ΔA fit", "ΔA true", "B fit", "B true", "ΔB fit", "ΔB true",
-                 "truth says", "verdict agrees"]
+                 "compute fit", "compute true", "truth says", "verdict agrees"]
+# the terminal's (at most WIDTH columns): the fitted ΔA and ΔB are in the ranked table above it
+TERMINAL_TRUTH = ["variant", "A fit", "A true", "ΔA true", "B fit", "B true", "ΔB true", "compute true",
+                  "truth says", "verdict agrees"]
 
 
-def truth_cells(report) -> list[list[str]]:
-    """Per row with a truth: fitted and true A, B, ΔA, ΔB side by side, what the truth says the verdict should be at
-    its resolution (analysis/truth.py) and whether the verdict (in the ranked table) agrees. B fit is the B the
-    verdict compared (own fit, or at the common A it names); B true is the variant's own."""
+def truth_cells(report, headers: list[str] = TRUTH_HEADERS) -> list[list[str]]:
+    """Per row with a truth: fitted and true A, B, ΔA, ΔB, and the compute to reach the verdict's R* as a ratio to
+    the base's, side by side; what the truth says the verdict should be at its resolution (analysis/truth.py) and
+    whether the verdict (in the ranked table) agrees. B fit is the B the verdict compared (own fit, or at the common
+    A it names); B true is the variant's own. Only the columns in `headers`."""
     cells = []
     for row in report.rows:
         t, e, v = row.truth, row.expected, row.verdict
         if t is None or not row.fit.ok:
             continue
         b_fit = v.B[0] if v.B is not None else row.fit.B
-        cells.append([
-            row.label, f"{row.fit.A:.3f}", f"{t.A:.3f}",
-            f"{v.dA:+.3f}" if v.dA is not None and e is not None else "", f"{e.dA:+.3f}" if e else "",
-            f"{b_fit:.2f}" + (f" at A {v.common_A:.3f}" if v.common_A is not None else ""), f"{t.B:.2f}",
-            f"{v.dB:+.2f}" if v.dB is not None and e is not None else "", f"{e.dB:+.2f}" if e else "",
-            e.text if e else "", ("no: " + row.truth_disagrees if row.truth_disagrees else "yes") if e else "",
-        ])
+        judged = e is not None
+        cell = {
+            "variant": row.label, "A fit": f"{row.fit.A:.3f}", "A true": f"{t.A:.3f}",
+            "ΔA fit": f"{v.dA:+.3f}" if v.dA is not None and judged else "",
+            "ΔA true": f"{e.dA:+.3f}" if judged else "",
+            "B fit": f"{b_fit:.2f}" + (f" at A {v.common_A:.3f}" if v.common_A is not None else ""),
+            "B true": f"{t.B:.2f}",
+            "ΔB fit": f"{v.dB:+.2f}" if v.dB is not None and judged else "",
+            "ΔB true": f"{e.dB:+.2f}" if judged else "",
+            "compute fit": f"{v.compute.ratio:.2f}x" if v.compute is not None and judged else "",
+            "compute true": f"{math.exp(e.dlnC):.2f}x" if judged and e.dlnC is not None else "",
+            "truth says": e.text if judged else "",
+            "verdict agrees": ("no: " + row.truth_disagrees if row.truth_disagrees else "yes") if judged else "",
+        }
+        cells.append([cell[h] for h in headers])
     return cells
 
 
-def truth_table(report) -> str:
-    return md_table(TRUTH_HEADERS, truth_cells(report))
+def truth_table(report, headers: list[str] = TRUTH_HEADERS) -> str:
+    return md_table(headers, truth_cells(report, headers))
 
 
 TRUTH_NOTE = ("Truth: the mock's params (mock.run.A: the runs' A, averaged over seeds; mock.truth.B: the "
-              "variant's B). \"moved\": the true change is at least the verdict's resolution (it must be found); "
-              "\"either\": below it (either verdict is right); \"unmoved\": no change (none may be claimed).")
+              "variant's B; compute: the law's compute to reach the verdict's R*, over the base's). Truth says what "
+              "the verdict must find (\"moved\": the true change is at least the verdict's resolution) and must not "
+              "claim (\"unmoved\": no change); changes below the resolution are left out: either verdict is right. "
+              "A compute change need not be named where A or B moved (they move it too).")
 
 
 # --- the terminal text -------------------------------------------------------------------------------------------
@@ -204,7 +224,7 @@ def terminal_text(report) -> str:
     if notes:
         lines += ["", "Notes:"] + [w for line in notes for w in _wrap(line, "- ")]
     if report.has_truth:
-        lines += ["", "Known truth (generator=mock):", truth_table(report)]
+        lines += ["", "Known truth (generator=mock):", truth_table(report, TERMINAL_TRUTH)]
         lines += _wrap(TRUTH_NOTE)
     return "\n".join(lines)
 
@@ -245,10 +265,13 @@ def method_paragraphs() -> list[str]:
         f"Verdict against {BASELINE}: \"{MOVES_A}\" when the A intervals do not overlap, \"small\" when the change "
         f"is below the paper's {A_TIE} (its margin between runs of one recipe: the intervals hold one curve's "
         f"noise, a seed tells the rest); \"{MOVES_B}\" when the B intervals compared do not overlap; \"{BOTH}\"; "
-        f"else \"{NO_CHANGE}\". The B compared: where A moved, each run's own fit (a B at a common A would carry "
+        f"\"{MOVES_C}\" when neither moved but the compute each run needs to reach a reward both reach (R* = R0 + "
+        f"{GAIN_SHARE} x the smaller fitted gain; its interval from the fit's posterior draws) differs, intervals "
+        f"apart: at a common A and B that ratio is the ratio of their C_mid (a deviation: the paper compares A "
+        f"and B); else \"{NO_CHANGE}\". The B compared: where A moved, each run's own fit (a B at a common A would carry "
         "the A difference); where A is indistinguishable, both refitted with a common A (the paper's method), "
         "unless a common A fits poorly. Each verdict gives its resolution: the smallest |ΔA| and |ΔB| its "
-        "comparison finds 9 times in 10. Runs that did not finish their configured steps get no verdict, nor do "
+        "comparison finds 9 times in 10, and the compute ratio. Runs that did not finish their configured steps get no verdict, nor do "
         "variants whose axis the sweep marks as not testable at its scale.",
     ]
 
@@ -315,6 +338,7 @@ th { background: #f6f8fa; } tr:nth-child(even) td { background: #fbfcfd; }
 td.num { font-variant-numeric: tabular-nums; white-space: nowrap; }
 tr.failed td { color: #9a3412; }
 td.v-movesA, td.v-movesAandB { font-weight: 600; color: #9a3412; } td.v-movesB { font-weight: 600; color: #1d4ed8; }
+td.v-movesC_mid { font-weight: 600; color: #047857; }
 .plots { display: flex; flex-wrap: wrap; gap: 1em; }
 .plots img { max-width: 100%; border: 1px solid #d0d7de; }
 .wide img { max-width: 100%; }
@@ -335,7 +359,7 @@ def _html_table(headers: list[str], rows_cells: list[list[str]], classes: list[s
         tds = []
         for i, c in enumerate(cells):
             cls = ' class="num"' if i in num_cols else ""
-            if headers[i] == "verdict" and c.split(" (")[0] in (MOVES_A, MOVES_B, BOTH):
+            if headers[i] == "verdict" and c.split(" (")[0] in (MOVES_A, MOVES_B, BOTH, MOVES_C):
                 cls = f' class="v-{c.split(" (")[0].replace(" ", "")}"'
             tds.append(f"<td{cls}>{esc(c)}</td>")
         body.append(f"<tr{klass}>{''.join(tds)}</tr>")
@@ -355,7 +379,7 @@ def html_page(report) -> str:
     if report.has_truth:
         cells = truth_cells(report)
         truth = (f"<h2>Known truth (generator=mock)</h2>"
-                 f"{_html_table(TRUTH_HEADERS, cells, [''] * len(cells), range(1, 9))}"
+                 f"{_html_table(TRUTH_HEADERS, cells, [''] * len(cells), range(1, 11))}"
                  f'<p class="small">{esc(TRUTH_NOTE)}</p>')
     plots = "\n".join(_img(row.plot, row.label) for row in report.rows)
     return f"""<!DOCTYPE html>

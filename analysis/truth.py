@@ -11,7 +11,11 @@ What "right" means for a verdict, given the truth and the resolution the verdict
   base's in the same direction; "B moved" only where the truth's B differs (an axis without a B effect has
   exactly the base's B), in the same direction;
 - a change at or above the resolution is found: |dA true| >= the A resolution needs "A moved", and likewise B;
-- below the resolution, either verdict is right (the comparison was not sharp enough to promise either).
+- below the resolution, either verdict is right (the comparison was not sharp enough to promise either);
+- "C_mid moved" (the compute to reach the verdict's R*, rank.efficiency) is judged on the truth's own compute to
+  reach R*, the law solved for C: claimed, it must point the truth's way (and the truth must differ at all); a
+  true change at or above its resolution must be found, unless the verdict already claims A or B (a move of A or
+  B moves C* too: the verdict names the parameter, and C_mid is looked at only when A and B did not move).
 A is the runs' (mock.run.A): the curves follow it, and the report compares these runs, not the recipes in the
 limit of many seeds (with one seed, the run-to-run spread of A is not in the intervals: a "small" move of A may be
 that spread). B has no run-to-run spread in the mock.
@@ -20,9 +24,10 @@ that spread). B has no run-to-run spread in the mock.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
+from analysis.rank import Efficiency, law_compute
 from analysis.synthetic import Truth
 
 PARAMS = ("mock.truth.A", "mock.truth.B", "mock.truth.C_mid", "mock.truth.R0", "mock.run.A")
@@ -51,10 +56,18 @@ class Expected:
     dB: float
     A: str
     B: str
+    dlnC: float | None = None  # ln(C* / C*_base) at the verdict's R* (None: no compute comparison)
+    C: str = ""
 
-    def judge(self, moves_A: bool, dA: float | None, moves_B: bool, dB: float | None) -> str:
+    def judge(self, moves_A: bool, dA: float | None, moves_B: bool, dB: float | None,
+              moves_C: bool = False, dlnC: float | None = None) -> str:
         """"" when a verdict with these claims is right, else why it is wrong."""
         wrong = []
+        if moves_C and (self.C in ("", "unmoved") or _sign(dlnC) != _sign(self.dlnC)):
+            true = f"{math.exp(self.dlnC):.2f}x" if self.dlnC is not None else "not compared"
+            wrong.append(f"compute {math.exp(dlnC or 0):.2f}x, truth {true}")
+        if not (moves_A or moves_B or moves_C) and self.C == "moved":
+            wrong.append(f"missed compute {math.exp(self.dlnC):.2f}x")
         if moves_A and (self.A == "unmoved" or _sign(dA) != _sign(self.dA)):
             wrong.append(f"A moved {'up' if (dA or 0) > 0 else 'down'}, truth {self.dA:+.3f}")
         if not moves_A and self.A == "moved":
@@ -67,13 +80,24 @@ class Expected:
 
     @property
     def text(self) -> str:
-        return f"A {self.A}, B {self.B}"
+        """What must be found ("moved") or not claimed ("unmoved"), "compute" for the compute to reach R*; parts
+        below the resolution ("either") are left out: "A moved, B unmoved", or "any verdict"."""
+        parts = [f"{name} {said}" for name, said in (("A", self.A), ("B", self.B), ("compute", self.C))
+                 if said and said != "either"]
+        return ", ".join(parts) or "any verdict"
 
 
-def expected(truth: Truth, base: Truth, resolution: tuple[float, float]) -> Expected:
-    """The truth's verdict at a comparison's resolution (|dA|, |dB| detected 9 times in 10)."""
+def expected(truth: Truth, base: Truth, resolution: tuple[float, float], compute: Efficiency | None = None) -> Expected:
+    """The truth's verdict at a comparison's resolution (|dA|, |dB| detected 9 times in 10; the compute ratio's
+    from `compute`, with the R* it was measured at)."""
     dA, dB = truth.A - base.A, truth.B - base.B
-    return Expected(dA=dA, dB=dB, A=_moved(dA, resolution[0]), B=_moved(dB, resolution[1]))
+    out = Expected(dA=dA, dB=dB, A=_moved(dA, resolution[0]), B=_moved(dB, resolution[1]))
+    if compute is None:
+        return out
+    c, c_base = (float(law_compute(compute.R_star, t.A, t.B, t.C_mid, t.R0)) for t in (truth, base))
+    same = (truth.A, truth.B, truth.C_mid, truth.R0) == (base.A, base.B, base.C_mid, base.R0)
+    dlnC = 0.0 if same else math.log(c / c_base) if 0 < c < math.inf and 0 < c_base < math.inf else math.nan
+    return replace(out, dlnC=dlnC, C="either" if math.isnan(dlnC) else _moved(dlnC, compute.resolution))
 
 
 def _moved(d: float, resolution: float) -> str:

@@ -13,6 +13,9 @@ finds 9 times in 10), and the truth is derived here, independently of the report
   truth, of the same sign (loo-plan, loo-fp32 and loo-npr have none: any "B moved" for them is wrong).
 - A true change at or above the verdict's resolution must be claimed ("moves A", "moves B" or both).
 - Below the resolution either answer is right: the comparison could not promise to see it.
+- The compute to reach the verdict's R* (rank.efficiency): the truth's is found here by bisection on the law of
+  each variant (C_mid: the yaml's truth times the effect's factor), not by the report's closed form. "moves C_mid"
+  must point its way; a true ratio at or above the resolution must be found unless A or B was claimed.
 So "no detectable change" is right when every true change is below the resolution it states.
 A 90% interval misses its truth one time in ten, so a claim can be wrong by chance: on simulated mock-like sweeps
 (60 sweeps x 8 verdicts, 11 or 51 points) about 1 verdict in 100 claimed a B move that was not there, mostly where
@@ -32,6 +35,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from analysis import make_report
+from analysis.fit import sigmoid_law
 from analysis.runs import ALL_SWEEPS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,10 +47,23 @@ SWEEPS = ["-m", "ablate", "--multirun", "sweep=loo", "generator=mock", "launcher
 MOCK = yaml.safe_load((REPO / "conf" / "generator" / "mock.yaml").read_text())
 
 
-def _true_B(tags: dict) -> float:
-    """mock.yaml's truth.B plus the effect of the variant's axis choice (none for scalerl)."""
+def _true_law(tags: dict) -> tuple[float, float, float]:
+    """(B, C_mid, R0): mock.yaml's truth with the effect of the variant's axis choice (none for scalerl)."""
     effect = MOCK["effects"].get(f"{tags.get('ablate.axis')}={tags.get('ablate.choice')}", {})
-    return MOCK["truth"]["B"] + effect.get("B", 0.0)
+    truth = MOCK["truth"]
+    return truth["B"] + effect.get("B", 0.0), truth["C_mid"] * effect.get("C_mid", 1.0), truth["R0"]
+
+
+def _compute_to_reach(r: float, A: float, B: float, C_mid: float, R0: float) -> float:
+    """The compute at which R(C) = r, by bisection on log C (the law rises in C)."""
+    lo, hi = math.log(C_mid) - 40.0, math.log(C_mid) + 40.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if sigmoid_law(math.exp(mid), A, B, C_mid, R0) < r:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp((lo + hi) / 2)
 
 
 @pytest.fixture(scope="module")
@@ -75,13 +92,13 @@ def reports(sweeps):
 
 
 def _truth(report, variants) -> dict:
-    """Per row label: (true A of its runs, true B of its variant), from the runs' params and mock.yaml."""
+    """Per row label: (true A of its runs, then B, C_mid, R0 of its variant), from the runs' params and mock.yaml."""
     by_id = {r.info.run_id: r for r in variants}
     out = {}
     for row in report.rows:
         runs = [by_id[run_id] for run_id in row.run_ids]
         run_A = [float(r.data.params["mock.run.A"]) for r in runs]
-        out[row.label] = (float(np.mean(run_A)), _true_B(runs[0].data.tags))
+        out[row.label] = (float(np.mean(run_A)), *_true_law(runs[0].data.tags))
     return out
 
 
@@ -90,6 +107,13 @@ def _wrong(row, truth, base) -> list[str]:
     dA, dB = truth[0] - base[0], truth[1] - base[1]
     res_A, res_B = v.resolution
     wrong = []
+    if v.compute is not None:
+        r_star = v.compute.R_star
+        dlnC = math.log(_compute_to_reach(r_star, *truth) / _compute_to_reach(r_star, *base)) if truth != base else 0
+        if v.moves_C and (dlnC == 0 or math.copysign(1, math.log(v.compute.ratio)) != math.copysign(1, dlnC)):
+            wrong.append(f"claims compute {v.compute.ratio:.2f}x, truth {math.exp(dlnC):.2f}x")
+        if not (v.moves_A or v.moves_B or v.moves_C) and abs(dlnC) >= v.compute.resolution:
+            wrong.append(f"misses compute {math.exp(dlnC):.2f}x (resolution x{v.compute.ratio_resolution:.2f})")
     if v.moves_A and math.copysign(1, v.dA) != math.copysign(1, dA):
         wrong.append(f"claims A {v.dA:+.3f}, truth {dA:+.3f}")
     if v.moves_B and (dB == 0 or math.copysign(1, v.dB) != math.copysign(1, dB)):
@@ -104,7 +128,7 @@ def _wrong(row, truth, base) -> list[str]:
 def test_every_verdict_is_right_on_the_truth(sweeps, reports):
     _, _, _, variants = sweeps
     per_sweep, pooled = reports
-    wrong, checked, found = [], 0, {"A": 0, "B": 0}
+    wrong, checked, found = [], 0, {"A": 0, "B": 0, "compared": 0}
     for report in (*per_sweep, pooled):
         truth = _truth(report, variants)
         base = truth[report.base]
@@ -113,12 +137,14 @@ def test_every_verdict_is_right_on_the_truth(sweeps, reports):
             checked += 1
             found["A"] += row.verdict.moves_A
             found["B"] += row.verdict.moves_B
+            found["compared"] += row.verdict.compute is not None
             wrong += [f"{report.sweep} {row.label}: {w}" for w in _wrong(row, truth[row.label], base)]
     assert not wrong, "\n".join(wrong)
     assert checked == 4 * 8
     # the test has teeth: the large A effects (fp32 -0.09, dapo -0.06) are above every resolution, so A claims
     # were made and checked in every report
     assert found["A"] >= 2 * 4
+    assert found["compared"] == checked  # every verdict had its compute comparison judged too
 
 
 def test_the_report_shows_the_truth_beside_each_fit_and_agrees_with_this_test(sweeps, reports):
@@ -127,7 +153,7 @@ def test_the_report_shows_the_truth_beside_each_fit_and_agrees_with_this_test(sw
     for report in (*per_sweep, pooled):
         truth = _truth(report, variants)
         for row in report.rows:
-            assert (row.truth.A, row.truth.B) == pytest.approx(truth[row.label])
+            assert (row.truth.A, row.truth.B, row.truth.C_mid, row.truth.R0) == pytest.approx(truth[row.label])
             if row.expected is not None:  # the report's own judgement, analysis/truth.py: the same as this test's
                 assert (row.truth_disagrees == "") == (not _wrong(row, truth[row.label], truth[report.base]))
         md = report.markdown.read_text()

@@ -10,7 +10,9 @@ from analysis import SigmoidFit
 from analysis.fit import prepare
 from analysis.joint import CommonAFit, fit_common_A
 from analysis.posterior import fit_state
-from analysis.rank import BOTH, COMMON_A, MOVES_A, MOVES_B, NO_CHANGE, OWN_FITS, rank_fits, resolution, verdict
+from analysis.fit import sigmoid_law
+from analysis.rank import (BOTH, COMMON_A, MOVES_A, MOVES_B, MOVES_C, NO_CHANGE, OWN_FITS, law_compute, rank_fits,
+                           resolution, verdict)
 from analysis.synthetic import Truth, make_curve
 
 
@@ -220,3 +222,44 @@ def test_common_A_intervals_include_the_uncertainty_of_A(states):
     (lo, hi), (f_lo, f_hi) = joint.fits[0].ci["B"], fixed.ci["B"]
     assert lo <= f_lo + 1e-9 and hi >= f_hi - 1e-9 and (hi - lo) > (f_hi - f_lo)
     assert joint.ci_A[0] < joint.A < joint.ci_A[1]
+
+
+# --- the compute to reach a common reward: "moves C_mid" ----------------------------------------------------------
+
+
+def test_law_compute_by_hand_and_against_the_law():
+    # A - R0 = 0.5, r - R0 = 0.4: (0.5 / 0.4 - 1)^(-1/2) = 0.25^(-1/2) = 2, so C* = 2 C_mid; the law gives back r
+    assert float(law_compute(0.6, 0.7, 2.0, 100.0, 0.2)) == pytest.approx(200.0)
+    assert float(sigmoid_law(200.0, 0.7, 2.0, 100.0, 0.2)) == pytest.approx(0.6)
+    assert float(law_compute(0.45, 0.7, 2.0, 100.0, 0.2)) == pytest.approx(100.0)  # half the gain: C_mid
+    assert float(law_compute(0.2, 0.7, 2.0, 100.0, 0.2)) == 0.0  # at R0: from the start
+    assert float(law_compute(0.7, 0.7, 2.0, 100.0, 0.2)) == math.inf  # at A: never
+    draws = np.array([[0.7, 2.0, 100.0, 0.2], [0.7, 1.0, 50.0, 0.2], [0.5, 2.0, 100.0, 0.2]])
+    assert law_compute(0.6, *draws.T) == pytest.approx([200.0, 200.0, math.inf])  # 0.25^-1 x 50 = 200
+
+
+def test_moves_c_mid_where_only_the_compute_axis_is_stretched():
+    """Two runs of one law, one needing 1.4x the compute for everything (loo-batch's extra FLOPs): A and B
+    indistinguishable, the compute to reach 70% of the common gain apart; its ratio 1.4 within the interval that
+    the resolution implies. The same law against itself: no change."""
+    rng = np.random.default_rng(3)
+    law = dict(A=0.62, B=1.9, C_mid=4000.0, R0=0.3)
+    base = fit_state(prepare(*_curve(rng, Truth(**law)))).fit
+    slow = fit_state(prepare(*_curve(rng, Truth(**{**law, "C_mid": 5600.0})))).fit
+    v = verdict(slow, base)
+    assert v.label == MOVES_C and v.moves_C and not (v.moves_A or v.moves_B)
+    c = v.compute
+    assert c.R_star == pytest.approx(base.R0 + 0.7 * (min(slow.predict(slow.c_max), base.predict(base.c_max))
+                                                      - base.R0))
+    assert c.moved and c.ratio == pytest.approx(1.4, rel=0.1) and c.ratio_resolution < 1.4
+    assert v.text == f"moves C_mid ({c.ratio:.2f}x compute)" and "the intervals apart" in v.detail
+    assert c.C[0] == pytest.approx(float(law_compute(c.R_star, slow.A, slow.B, slow.C_mid, slow.R0)))
+    same = verdict(fit_state(prepare(*_curve(rng, Truth(**law)))).fit, base)
+    assert same.label == NO_CHANGE and not same.compute.moved
+    # without posterior draws (fits without data) there is no compute comparison
+    assert verdict(fit(0.61, 2.0), fit(0.61, 2.0)).compute is None
+
+
+def _curve(rng, truth):
+    curve = make_curve(rng, truth, c_max=40_000.0, every=800.0)
+    return curve.compute, curve.reward
