@@ -117,11 +117,17 @@ class PromptSampler:
     """Epochs over the task's training prompts in a seeded random order, skipping prompts the filter retired.
     Thread-safe: a concurrent generator draws prompts while the trainer records pass rates.
 
-    When the filter has retired every prompt, `more()` (the task's `more_train`) adds fresh ones; a task with no
-    more raises PromptsExhausted, and the trainer ends the run there, cleanly."""
+    No-Positive-Resampling retires the prompts a model has solved. The paper's data set (53k prompts) is large
+    enough that a run never runs short; a small one would, and what the filter leaves is the prompts nobody solves:
+    at the embedded scale (4,096 prompts, ~2 epochs) the pool fell from 4,096 to the 1,050 unlearnable ones by step
+    500, the batches went all zero-variance and the pass rate fell with them (0.73 -> 0.45, 32 prompts a step). So
+    at each epoch's start, while fewer than the task's n_train_prompts are left, `more()` (the task's `more_train`)
+    adds fresh ones: a task that can draw more keeps its pool full, as a large data set would; a finite one cannot,
+    and when the filter has retired every prompt of it PromptsExhausted ends the run, cleanly."""
 
     def __init__(self, n_prompts: int, seed: int, prompt_filter, more: Callable[[], int] = lambda: 0):
         self.n, self.filter, self.more = n_prompts, prompt_filter, more
+        self.pool = n_prompts  # the unretired prompts an epoch starts with, while the task has more
         self.rng = np.random.default_rng(seed)
         self.epoch: list[int] = []
         self.lock = threading.Lock()
@@ -131,17 +137,20 @@ class PromptSampler:
         with self.lock:
             while len(batch) < count:
                 if not self.epoch:
-                    self.epoch = self.filter.sampleable(self.rng.permutation(self.n).tolist())
-                    while not self.epoch:
-                        added = self.more()
-                        if not added:
-                            raise PromptsExhausted(f"No-Positive-Resampling retired all {self.n} training prompts "
-                                                   "and the task has no more")
-                        self.epoch = self.filter.sampleable(self.rng.permutation(range(self.n, self.n + added))
-                                                            .tolist())
-                        self.n += added
+                    self._new_epoch()
                 batch.append(self.epoch.pop())
         return batch
+
+    def _new_epoch(self) -> None:
+        while self.n - len(self.filter.retired()) < self.pool:
+            added = self.more()
+            if not added:
+                break
+            self.n += added
+        self.epoch = self.filter.sampleable(self.rng.permutation(self.n).tolist())
+        if not self.epoch:
+            raise PromptsExhausted(f"No-Positive-Resampling retired all {self.n} training prompts and the task has "
+                                   "no more")
 
     def available(self) -> int:
         """Training prompts the filter has not retired."""

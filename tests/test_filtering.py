@@ -87,6 +87,27 @@ def test_when_npr_retired_every_prompt_a_synthetic_task_draws_fresh_ones_the_sam
     assert sampler2.next(2) == sampler.next(2)
 
 
+def test_an_epoch_starts_with_a_full_pool_while_the_task_has_more_prompts():
+    """NPR retired 2 of 6 prompts: the next epoch starts with the 4 left plus 6 fresh ones (the pool back above the
+    task's 6: one chunk of n_train_prompts); without more prompts (a finite data set), with the 4 left alone."""
+    from ablate.config import compose
+    from ablate.policy import build_tokenizer
+    from ablate.registry import build
+    from ablate.trainer import PromptSampler
+
+    cfg = compose(["task.n_train_prompts=6", "task.n_val_prompts=4"])
+    task = build(cfg.task, tokenizer=build_tokenizer(cfg.model), seed=0)
+    growing = PromptSampler(task.size("train"), 0, PromptFilter(), more=task.more_train)
+    finite = PromptSampler(6, 0, PromptFilter())
+    for sampler in (growing, finite):
+        assert sorted(sampler.next(6)) == list(range(6))
+        _retire_all(sampler, [1, 4])
+    nxt = growing.next(10)
+    assert task.size("train") == 12 and growing.available() == 10
+    assert sorted(nxt) == [0, 2, 3, 5, *range(6, 12)]  # the next epoch: every unretired prompt once
+    assert sorted(finite.next(4)) == [0, 2, 3, 5] and finite.available() == 4
+
+
 def test_a_finite_task_that_npr_used_up_ends_the_run_cleanly_saying_why(tmp_path, mlflow_uri):
     """task=math (a data set: no fresh prompts) with 4 training prompts, 2 a step, each retired once its pass rate
     is seen (npr_threshold 0). The generator runs a batch ahead (two waves): batches 1 and 2 take the 4 prompts;

@@ -1,11 +1,12 @@
 """task=synthetic: a family of digit-string puzzles generated in code, scored by exact match.
 
 Each problem is "<op> <digits>:" and its answer the digits transformed by the op: `reverse` (3141 -> 1413), `sort`
-(3141 -> 1134) or `sum` (3141 -> 9, the digit sum). The lengths are drawn uniformly in [min_digits, max_digits].
-The splits are drawn from one seeded stream and deduplicated, validation first, so no validation prompt is ever a
-training prompt. The family is large, so the training set can grow: when No-Positive-Resampling has retired every
-training prompt, `more_train` draws n_train_prompts fresh ones (from a stream of their own, seeded by the task seed
-and how many came before: the same on every run and after a resume).
+(3141 -> 1134), `sum` (3141 -> 9, the digit sum) or `hash` (digits of a SHA-256 of them: learnable by no model).
+The lengths are drawn uniformly in [min_digits, max_digits]. The splits are drawn from one seeded stream and
+deduplicated, validation first, so no validation prompt is ever a training prompt. The family is large, so the
+training set can grow: when No-Positive-Resampling has retired prompts, an epoch starts topped up
+(ablate/trainer.py, PromptSampler): `more_train` draws n_train_prompts fresh ones (from a stream of their own,
+seeded by the task seed and how many came before: the same on every run and after a resume).
 
 The warm start imitates a noisy teacher on problems of the same family (never a validation prompt): its answer is right with
 probability `teacher_accuracy`, else a near miss (two neighbouring digits swapped; a sum off by one). The warm
