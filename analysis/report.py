@@ -54,7 +54,8 @@ CSV_COLUMNS = ["variant", "A", "A_lo", "A_hi", "B", "B_lo", "B_hi", "C_mid", "R0
 # half-run extrapolation check, and for mock runs the truth and whether the verdict agrees with it
 CSV_EXTRA = ["C_mid_lo", "C_mid_hi", "rank", "rank_common_A", "rank_B", "rank_B_lo", "rank_B_hi", "verdict",
              "verdict_small", "dA", "dB", "dB_basis", "verdict_common_A", "resolution_dA", "resolution_dB",
-             "R_star", "compute_ratio", "resolution_compute", "n_seeds", "label", "run_ids", "extrap_fit_to", "extrap_predicted", "extrap_lo", "extrap_hi",
+             "R_star", "compute_ratio", "resolution_compute", "n_seeds", "label", "run_ids", "extrap_fit_to",
+             "extrap_predicted", "extrap_lo", "extrap_hi",
              "extrap_observed", "powerlaw_A", "powerlaw_predicted", "true_A", "true_B", "true_C_mid", "true_dA",
              "true_dB", "true_compute_ratio", "truth_says", "truth_disagrees", "notes"]
 ARTIFACT_DIR = "report"

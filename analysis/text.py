@@ -268,11 +268,11 @@ def method_paragraphs() -> list[str]:
         f"\"{MOVES_C}\" when neither moved but the compute each run needs to reach a reward both reach (R* = R0 + "
         f"{GAIN_SHARE} x the smaller fitted gain; its interval from the fit's posterior draws) differs, intervals "
         f"apart: at a common A and B that ratio is the ratio of their C_mid (a deviation: the paper compares A "
-        f"and B); else \"{NO_CHANGE}\". The B compared: where A moved, each run's own fit (a B at a common A would carry "
-        "the A difference); where A is indistinguishable, both refitted with a common A (the paper's method), "
+        f"and B); else \"{NO_CHANGE}\". The B compared: where A moved, each run's own fit (a B at a common A would "
+        "carry the A difference); where A is indistinguishable, both refitted with a common A (the paper's method), "
         "unless a common A fits poorly. Each verdict gives its resolution: the smallest |ΔA| and |ΔB| its "
-        "comparison finds 9 times in 10, and the compute ratio. Runs that did not finish their configured steps get no verdict, nor do "
-        "variants whose axis the sweep marks as not testable at its scale.",
+        "comparison finds 9 times in 10, and the compute ratio. Runs that did not finish their configured steps get "
+        "no verdict, nor do variants whose axis the sweep marks as not testable at its scale.",
     ]
 
 

@@ -11,7 +11,8 @@ from ablate import tracking
 from conftest import run_cli
 from test_sweeps import PAPER_LOO
 
-SHORT = ["train.steps=60", "train.val_every=5", "model.num_layers=1", "model.hidden_size=32"]
+SHORT = ["train.steps=60", "train.val_every=5", "model.num_layers=1", "model.hidden_size=32",
+         "batch.prompts_per_step=8"]
 
 
 @pytest.fixture(scope="module")

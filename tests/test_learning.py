@@ -16,9 +16,10 @@ def _val_curve(cfg, uri):
 
 
 def test_the_pass_rate_rises_under_scalerl_in_a_short_run(tmp_path, mlflow_uri):
-    cfg = compose(["train.steps=200", "train.val_every=100", f"paths.outputs={tmp_path}"])
+    cfg = compose(["train.steps=100", "train.val_every=50", f"paths.outputs={tmp_path}"])
     start, middle, end = _val_curve(cfg, mlflow_uri)
-    # measured (seed 0): 0.10 -> 0.32 at step 200, 0.83 at step 600; 128 prompts x 8 samples: binomial sd ~0.03
+    # measured (seed 0, the default 16 prompts a step): 0.24 -> 0.47 at step 100, ~0.7 at step 500; 128 prompts x 8
+    # samples: binomial sd ~0.04
     assert 0.05 <= start <= 0.35, "the warm start should leave room to learn"
     assert end > start + 0.1
 

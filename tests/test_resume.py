@@ -12,7 +12,7 @@ from ablate import tracking
 from conftest import run_cli
 
 # a small validation set (a quarter of the run's time otherwise): these tests look at the steps, not the pass rate
-QUICK = ["task.n_val_prompts=16", "task.val_samples=2"]
+QUICK = ["task.n_val_prompts=16", "task.val_samples=2", "batch.prompts_per_step=8"]
 RUN = ["-m", "ablate", "train.steps=150", "train.checkpoint_every=20", "train.val_every=5", *QUICK]
 
 
