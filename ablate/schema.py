@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -239,6 +239,9 @@ class Train:
     # > 0: compute/gpu_hours counts each step's FLOPs at this many TFLOP/s per device (reproducible on a shared
     # machine); 0: every device the job holds x wall-clock time (the paper's GPU-hours)
     reference_tflops: float = 0.0
+    # where those FLOPs run (ablate/compute.py): unset, one device generates and trains in turn; [generator devices,
+    # trainer devices], each side on its own, overlapping as the off-policy rule allows, idle devices counted
+    reference_layout: Optional[List[int]] = None
 
 
 # ----------------------------------------------------------------------------- how it runs (not part of a run's identity)

@@ -22,6 +22,7 @@ import torch
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
+from ablate.compute import StepFlops
 from ablate.config import flatten
 from ablate.policy import build_policy, build_tokenizer, completion_logprobs, compute_dtype
 from ablate.registry import build
@@ -324,8 +325,8 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
             wall, tick = now - tick, now
             state.step = step
             flops = _step_flops(n_params, rollouts, keep)
-            state.gpu_hours += generator.step_gpu_hours(rollouts, wall, flops)
-            state.flops += flops
+            state.gpu_hours += generator.step_gpu_hours(rollouts, wall, flops, step)
+            state.flops += flops.total
             metrics = {
                 "compute/gpu_hours": state.gpu_hours,
                 "compute/flops": state.flops,
@@ -391,9 +392,9 @@ def _staleness(rollouts: Rollouts, version: int) -> dict:
             "train/staleness_max": float(torch.where(mask, lag, -torch.inf).max())}
 
 
-def _step_flops(n_params: int, rollouts: Rollouts, keep: torch.Tensor) -> float:
+def _step_flops(n_params: int, rollouts: Rollouts, keep: torch.Tensor) -> StepFlops:
     """2 N per generated token (forward), 6 N per trained token (forward and backward; the rows filtering keeps,
     the only ones the Learner runs): Kaplan et al. 2020."""
     generated = float(rollouts.lengths.sum())
     trained = float((rollouts.mask & keep[:, None].to(rollouts.mask.device)).sum())
-    return 2.0 * n_params * generated + 6.0 * n_params * trained
+    return StepFlops(generate=2.0 * n_params * generated, train=6.0 * n_params * trained)

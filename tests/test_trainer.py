@@ -130,14 +130,35 @@ def test_flops_count_generated_tokens_and_the_trained_tokens_of_the_rows_filteri
     keep = torch.ones(ro.n, dtype=torch.bool)
     keep[: ro.n // 2] = False  # the first prompt filtered out: its rows are generated, not trained
     generated, trained = int(ro.lengths.sum()), int(ro.mask[ro.n // 2:].sum())
-    assert _step_flops(1000, ro, keep) == 2 * 1000 * generated + 6 * 1000 * trained
+    flops = _step_flops(1000, ro, keep)
+    assert (flops.generate, flops.train) == (2 * 1000 * generated, 6 * 1000 * trained)
+    assert flops.total == 2 * 1000 * generated + 6 * 1000 * trained
 
 
 def test_with_a_reference_throughput_compute_is_the_runs_flops_at_it(tmp_path, mlflow_uri):
-    """train.reference_tflops: compute/gpu_hours = compute/flops / (TFLOP/s x 1e12 x 3600), step by step: the same on
-    every machine, whatever else it runs."""
-    *_, seen = _train(["train.steps=3", "task.n_val_prompts=4", "task.val_samples=1", "train.reference_tflops=0.5"],
-                      tmp_path, mlflow_uri, "clock")
+    """train.reference_tflops on one device: compute/gpu_hours = compute/flops / (TFLOP/s x 1e12 x 3600), step by
+    step: the same on every machine, whatever else it runs."""
+    *_, seen = _train(["train.steps=3", "task.n_val_prompts=4", "task.val_samples=1", "train.reference_tflops=0.5",
+                       "train.reference_layout=null"], tmp_path, mlflow_uri, "clock")
     for m in seen:
         assert m["compute/gpu_hours"] == pytest.approx(m["compute/flops"] / (0.5e12 * 3600), rel=1e-12)
+        assert "compute/generator_idle_frac" not in m
     assert seen[-1]["compute/flops"] > seen[0]["compute/flops"] > 0
+
+
+@pytest.mark.parametrize("off_policy", ["pipeline_rl", "ppo_off_policy"])
+def test_on_a_generator_and_a_trainer_device_every_device_counts_while_it_idles(tmp_path, mlflow_uri, off_policy):
+    """train.reference_layout=[1, 1]: two devices for the whole run, so, at the end of a round of batches started on
+    the same weights, at least the FLOPs at the throughput (each device does at most its own side's work) and at
+    most twice that (the sides taking turns); PPO-off-policy-2's rounds take turns exactly: 2 x the FLOPs at the end
+    of each round. (Mid-round a step also waits for the rest of its round's generation: more than 2x then.)"""
+    *_, seen = _train(["train.steps=4", "task.n_val_prompts=4", "task.val_samples=1", "train.reference_tflops=1.0",
+                       "train.reference_layout=[1,1]", f"off_policy={off_policy}", "off_policy.k=2"],
+                      tmp_path, mlflow_uri, "clock2")
+    hours_of_flops = [m["compute/flops"] / (1e12 * 3600) for m in seen]
+    assert hours_of_flops[-1] * (1 - 1e-12) <= seen[-1]["compute/gpu_hours"] <= 2 * hours_of_flops[-1] * (1 + 1e-12)
+    assert all(a["compute/gpu_hours"] < b["compute/gpu_hours"] for a, b in zip(seen, seen[1:]))
+    assert all(0.0 <= m["compute/generator_idle_frac"] < 1.0 for m in seen)
+    if off_policy == "ppo_off_policy":
+        for end in (2, 4):
+            assert seen[end - 1]["compute/gpu_hours"] == pytest.approx(2 * hours_of_flops[end - 1], rel=1e-12)

@@ -3,8 +3,9 @@ pipeline (ablate/generators/pipeline.py), on CPU or one GPU. Validation samples 
 
 Compute: every device the job holds is busy for the whole wall-clock time of the run (the generator and the
 trainer share them), so each step adds devices x its wall-clock seconds: all visible GPUs, or 1 for the CPU. With
-train.reference_tflops set, a step adds its FLOPs at that throughput instead: on a shared machine wall time
-measures the neighbours as much as the run, and FLOPs are the same on every run of the same tokens.
+train.reference_tflops set, a step adds the device-hours its FLOPs take at that throughput on the layout
+train.reference_layout names instead (ablate/compute.py): on a shared machine wall time measures the neighbours as
+much as the run, and FLOPs are the same on every run of the same tokens.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
+from ablate.compute import ReferenceClock, StepFlops
 from ablate.generators.engine import Engine, Limits
 from ablate.generators.pipeline import Pipeline
 from ablate.policy import compute_dtype
@@ -52,7 +54,12 @@ class HFGenerator(Pipeline):
                          max_think_tokens=int(cfg.generation.max_think_tokens), concurrent=concurrent, seed=cfg.seed)
         self.val_wave_rows = val_wave_rows
         self.devices = torch.cuda.device_count() if engine.device.type == "cuda" else 1
-        self.reference_flops = float(cfg.train.reference_tflops) * 1e12
+        self.clock = None
+        if cfg.train.reference_tflops:
+            layout = cfg.train.reference_layout
+            self.clock = ReferenceClock(float(cfg.train.reference_tflops), None if layout is None else list(layout),
+                                        self.off_policy)
+        self.reference_idle: float | None = None  # the reference layout's generator idle share, when it has one
 
     def make_engine(self, policy: torch.nn.Module, tokenizer) -> Engine:
         """The engine that decodes the pipeline's rows: ours, on its own copy of the policy in the compute dtype."""
@@ -80,9 +87,29 @@ class HFGenerator(Pipeline):
         policy.train(was_training)
         return float(np.mean([self._passed("val", r) for r in rows]))
 
-    def step_gpu_hours(self, rollouts, wall_seconds: float, flops: float = 0.0) -> float:
-        """Device-hours of a step: its FLOPs at train.reference_tflops per device when that is set (reproducible,
-        whatever else the machine runs), else every device held for its wall-clock time."""
-        if self.reference_flops:
-            return flops / self.reference_flops / 3600.0
-        return self.devices * wall_seconds / 3600.0
+    def step_gpu_hours(self, rollouts, wall_seconds: float, flops: StepFlops, step: int) -> float:
+        """Device-hours of a step: what its FLOPs take on the reference layout when train.reference_tflops is set
+        (reproducible, whatever else the machine runs), else every device held for its wall-clock time."""
+        if self.clock is None:
+            return self.devices * wall_seconds / 3600.0
+        hours = self.clock.step(step, flops)
+        if self.clock.layout is not None:
+            self.reference_idle = self.clock.generator_idle_frac()
+        return hours
+
+    def perf(self) -> dict:
+        perf = super().perf()
+        if self.reference_idle is not None:
+            perf["compute/generator_idle_frac"] = self.reference_idle
+        return perf
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        if self.clock is not None:
+            state["clock"] = self.clock.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if self.clock is not None and "clock" in state:
+            self.clock.load_state_dict(state["clock"])

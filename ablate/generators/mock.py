@@ -207,7 +207,7 @@ class MockGenerator:
         return np.floor(start[:, None] + (step - start)[:, None] * frac + 1e-9).astype(int)
 
     # ------------------------------------------------------------------------------------------------- compute
-    def step_gpu_hours(self, rollouts: Rollouts, wall_seconds: float, flops: float = 0.0) -> float:
+    def step_gpu_hours(self, rollouts: Rollouts, wall_seconds: float, flops=None, step: int = 0) -> float:
         """The simulated device-hours of one step: a share of `gpu_hours`, scaled by the completion lengths."""
         max_len = self.gen.max_think_tokens + self.gen.max_answer_tokens
         length_frac = float(rollouts.lengths.float().mean()) / max_len

@@ -1,0 +1,108 @@
+"""Reference compute: the device-hours a run's steps would take on devices of a fixed throughput
+(train.reference_tflops), reproducible on a shared machine where wall time measures the neighbours as much as the run.
+
+A step's work is its FLOPs (Kaplan et al. 2020): 2N per generated token, 6N per trained token. Where that work runs
+is the layout (train.reference_layout):
+- colocated (unset): one device generates and trains in turn, so a step's time is all its FLOPs at the throughput.
+- disaggregated, [generator devices, trainer devices] (the paper's kind of run: 64 generating + 16 training GPUs):
+  each side's FLOPs at the throughput of its devices, and the run's off-policy rule decides how much the two sides
+  overlap. The batches the rule lets start on the same weights, version v = oldest_version(s - 1), are one round:
+  they start together, once those weights exist and the generator is done with the round before, and decode side by
+  side (continuous batching), so they end together; the trainer trains step s once its round has ended and step
+  s - 1 is done:
+
+      round_end(v)  = max(round_end(previous round), train_done(v)) + sum of the round's G_b / (gen devices x throughput)
+      train_done(s) = max(train_done(s - 1), round_end(oldest_version(s - 1))) + T_s / (trainer devices x throughput)
+
+  and every device the job holds counts for the whole time, idle or not (the paper's GPU-hours). PipelineRL-k makes
+  rounds of one batch (after the first k + 1, all on the initial weights) that may run k ahead of the trainer, so
+  the slower side sets the pace; PPO-off-policy-k makes rounds of k batches that wait for the k-th step's weights,
+  so generation and training take turns: the idle the paper's PipelineRL removes.
+
+A round's batches reach the clock one step at a time, so until its last one has, the round's generation time is
+extrapolated from the mean G of those seen, and its steps' times are worked out again from the round's start at each
+step; the device-hours logged never go down (a step that finds the round shorter than extrapolated adds nothing
+until the clock has caught up). Exact at the end of every round (batches of one round are drawn alike, so the
+extrapolation is close before it).
+
+Deviation, said where it shows: in the deterministic schedule the tokens a PipelineRL run trains on are at most the
+engine's `max_waves` versions old, while the clock lets the generator run ahead up to k; at k >= 1 the generator
+can already overlap the trainer's whole step, so the time differs little (the recurrence above is exact for the
+clock, not for which version made each token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    generate: float  # 2N per generated token
+    train: float  # 6N per trained token
+
+    @property
+    def total(self) -> float:
+        return self.generate + self.train
+
+
+class ReferenceClock:
+    """Device-hours per step at `tflops` TFLOP/s per device, on `layout` (None: colocated on one device, else
+    [generator devices, trainer devices]), under `off_policy`'s rule for which weights a batch starts on."""
+
+    def __init__(self, tflops: float, layout: Sequence[int] | None, off_policy):
+        if tflops <= 0:
+            raise ValueError(f"train.reference_tflops must be > 0 for a reference clock, got {tflops}")
+        if layout is not None and (len(layout) != 2 or any(int(n) < 1 for n in layout)):
+            raise ValueError(f"train.reference_layout must be [generator devices, trainer devices], each >= 1, "
+                             f"got {list(layout)}")
+        self.flops_per_s = tflops * 1e12
+        self.layout = None if layout is None else (int(layout[0]), int(layout[1]))
+        self.off_policy = off_policy
+        self.train_done = {0: 0.0}  # version -> seconds from the run's start to when the trainer had made it
+        self.round = {"version": -1, "start": 0.0, "end": 0.0, "size": 0, "seen": 0, "generate_s": 0.0,
+                      "trainer_free": 0.0, "train_s": 0.0}
+        self.elapsed = 0.0  # seconds counted so far (never less than any step's time found so far)
+        self.gen_busy = 0.0  # seconds the generator devices decoded
+
+    def step(self, step: int, flops: StepFlops) -> float:
+        """Step `step`'s device-hours; steps come in order, once each (a resumed run goes on from its checkpoint)."""
+        if self.layout is None:
+            return flops.total / self.flops_per_s / 3600.0
+        gen_devices, train_devices = self.layout
+        version = self.off_policy.oldest_version(step - 1)
+        if version != self.round["version"]:  # a new round: it starts on weights `version`
+            start = max(self.round["end"], self.train_done[version])
+            self.round = {"version": version, "start": start, "end": start, "size": self._round_size(step),
+                          "seen": 0, "generate_s": 0.0, "trainer_free": self.train_done[step - 1], "train_s": 0.0}
+        r = self.round
+        generate_s = flops.generate / (gen_devices * self.flops_per_s)
+        r["seen"], r["generate_s"] = r["seen"] + 1, r["generate_s"] + generate_s
+        r["end"] = r["start"] + r["generate_s"] * max(r["size"], r["seen"]) / r["seen"]
+        r["train_s"] += flops.train / (train_devices * self.flops_per_s)
+        self.gen_busy += generate_s
+        self.train_done[step] = max(r["trainer_free"], r["end"]) + r["train_s"]  # the round's steps back to back
+        oldest_needed = self.off_policy.oldest_version(step)  # the next batch starts on this version or a newer one
+        self.train_done = {v: t for v, t in self.train_done.items() if v >= min(oldest_needed, step)}
+        before, self.elapsed = self.elapsed, max(self.elapsed, self.train_done[step])
+        return (gen_devices + train_devices) * (self.elapsed - before) / 3600.0
+
+    def _round_size(self, step: int, most: int = 100_000) -> int:
+        """How many batches from `step` on start on the same weights as batch `step`."""
+        version, size = self.off_policy.oldest_version(step - 1), 1
+        while size < most and self.off_policy.oldest_version(step + size - 1) == version:
+            size += 1
+        return size
+
+    def generator_idle_frac(self) -> float:
+        """The share of the run so far the generator devices had nothing they were allowed to decode."""
+        return 0.0 if self.layout is None or self.elapsed <= 0 else max(1.0 - self.gen_busy / self.elapsed, 0.0)
+
+    def state_dict(self) -> dict:
+        return {"train_done": dict(self.train_done), "round": dict(self.round), "elapsed": self.elapsed,
+                "gen_busy": self.gen_busy}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.train_done = {int(v): t for v, t in state["train_done"].items()}
+        self.round, self.elapsed, self.gen_busy = dict(state["round"]), state["elapsed"], state["gen_busy"]

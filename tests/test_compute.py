@@ -1,0 +1,79 @@
+"""The reference clock (ablate/compute.py): device-hours of a run's FLOPs on a fixed layout, by the off-policy rule."""
+
+import numpy as np
+import pytest
+
+from ablate.compute import ReferenceClock, StepFlops
+from ablate.offpolicy import PipelineRL, PPOOffPolicy
+
+TERA = 1e12  # at 1 TFLOP/s a device does this many FLOPs a second: a step's G and T below are in device-seconds
+
+
+def _device_seconds(clock: ReferenceClock, steps: list[tuple[float, float]]) -> list[float]:
+    """Cumulative device-seconds after each step, for steps of (G, T) device-seconds of work."""
+    total, out = 0.0, []
+    for step, (g, t) in enumerate(steps, start=1):
+        total += clock.step(step, StepFlops(generate=g * TERA, train=t * TERA)) * 3600.0
+        out.append(total)
+    return out
+
+
+def test_colocated_compute_is_the_flops_at_the_throughput():
+    clock = ReferenceClock(0.5, None, PipelineRL(8))
+    assert clock.step(1, StepFlops(generate=3e12, train=6e12)) == pytest.approx(9e12 / 0.5e12 / 3600)
+
+
+def test_ppo_off_policy_takes_turns_pipeline_rl_overlaps_by_hand():
+    """G = 2 s, T = 3 s a step on one generator and one trainer device, 80 steps.
+    PPO-off-policy-8: rounds of 8 batches on frozen weights, then 8 steps: 10 x (16 + 24) s x 2 devices = 800.
+    PipelineRL-8: the first round is batches 1-9 (all on version 0), 18 s; from then on the trainer is the slower
+    side and never waits (batch b is ready at train_done(b - 9) + 2 s, long before step b - 1 ends): 18 + 80 x 3 s,
+    x 2 devices = 516. With G and T swapped the generator sets the pace: version 1 exists at 27 + 2 = 29 s, then
+    71 more batches of 3 s and the last step's 2 s: (29 + 213 + 2) x 2 = 488."""
+    assert _device_seconds(ReferenceClock(1.0, [1, 1], PPOOffPolicy(8)), [(2.0, 3.0)] * 80)[-1] == pytest.approx(800)
+    assert _device_seconds(ReferenceClock(1.0, [1, 1], PipelineRL(8)), [(2.0, 3.0)] * 80)[-1] == pytest.approx(516)
+    assert _device_seconds(ReferenceClock(1.0, [1, 1], PipelineRL(8)), [(3.0, 2.0)] * 80)[-1] == pytest.approx(488)
+    ppo = ReferenceClock(1.0, [1, 1], PPOOffPolicy(8))
+    _device_seconds(ppo, [(2.0, 3.0)] * 80)
+    assert ppo.generator_idle_frac() == pytest.approx(1 - 160 / 400)  # busy 80 x 2 s of 400 s
+
+
+def test_ppo_rounds_add_up_to_the_serial_sum_at_every_round_end():
+    """Two forms of one schedule: with random per-step work on [4 generator, 1 trainer] devices, PPO-off-policy-4's
+    clock at each round's end equals 5 devices x the sum of every step's G / 4 + T (the two sides never overlap),
+    mid-round extrapolations included. (Work varying 20% from step to step, as the completion lengths do.)"""
+    rng = np.random.default_rng(0)
+    steps = [(float(g), float(t)) for g, t in rng.uniform(1.6, 2.4, size=(40, 2))]
+    seconds = _device_seconds(ReferenceClock(1.0, [4, 1], PPOOffPolicy(4)), steps)
+    serial = np.cumsum([5 * (g / 4 + t) for g, t in steps])
+    for end in range(4, 41, 4):
+        assert seconds[end - 1] == pytest.approx(serial[end - 1], rel=1e-12)
+    assert all(b >= a for a, b in zip(seconds, seconds[1:]))
+
+
+def test_pipeline_rl_never_costs_more_than_taking_turns_nor_less_than_the_busier_side():
+    rng = np.random.default_rng(1)
+    steps = [(float(g), float(t)) for g, t in rng.uniform(0.5, 4.0, size=(64, 2))]
+    pipeline = _device_seconds(ReferenceClock(1.0, [1, 1], PipelineRL(8)), steps)[-1]
+    turns = _device_seconds(ReferenceClock(1.0, [1, 1], PPOOffPolicy(8)), steps)[-1]
+    busier = 2 * max(sum(g for g, _ in steps), sum(t for _, t in steps))
+    assert busier <= pipeline + 1e-9 and pipeline < turns
+
+
+def test_a_clock_restored_mid_round_goes_on_as_if_never_stopped():
+    rng = np.random.default_rng(2)
+    steps = [(float(g), float(t)) for g, t in rng.uniform(0.5, 4.0, size=(30, 2))]
+    whole = ReferenceClock(1.0, [2, 1], PPOOffPolicy(8))
+    expected = [whole.step(s, StepFlops(g * TERA, t * TERA)) for s, (g, t) in enumerate(steps, start=1)]
+    first = ReferenceClock(1.0, [2, 1], PPOOffPolicy(8))
+    got = [first.step(s, StepFlops(g * TERA, t * TERA)) for s, (g, t) in enumerate(steps[:13], start=1)]
+    second = ReferenceClock(1.0, [2, 1], PPOOffPolicy(8))
+    second.load_state_dict(first.state_dict())
+    got += [second.step(s, StepFlops(g * TERA, t * TERA)) for s, (g, t) in enumerate(steps[13:], start=14)]
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("layout", [[0, 1], [1], [1, 2, 3]])
+def test_a_bad_layout_is_named(layout):
+    with pytest.raises(ValueError, match=r"train.reference_layout must be \[generator devices, trainer devices\]"):
+        ReferenceClock(1.0, layout, PipelineRL(8))
