@@ -63,7 +63,7 @@ class Expected:
               moves_C: bool = False, dlnC: float | None = None) -> str:
         """"" when a verdict with these claims is right, else why it is wrong."""
         wrong = []
-        if moves_C and (self.C in ("", "unmoved") or _sign(dlnC) != _sign(self.dlnC)):
+        if moves_C and (self.C in ("", "unmoved") or (not math.isnan(self.dlnC) and _sign(dlnC) != _sign(self.dlnC))):
             true = f"{math.exp(self.dlnC):.2f}x" if self.dlnC is not None else "not compared"
             wrong.append(f"compute {math.exp(dlnC or 0):.2f}x, truth {true}")
         if not (moves_A or moves_B or moves_C) and self.C == "moved":
@@ -95,8 +95,10 @@ def expected(truth: Truth, base: Truth, resolution: tuple[float, float], compute
     if compute is None:
         return out
     c, c_base = (float(law_compute(compute.R_star, t.A, t.B, t.C_mid, t.R0)) for t in (truth, base))
+    # A truth that never reaches R* needs infinite compute: +inf against a finite base (more compute, whatever the
+    # factor), nan where neither reaches it (no direction to hold a claim to)
     same = (truth.A, truth.B, truth.C_mid, truth.R0) == (base.A, base.B, base.C_mid, base.R0)
-    dlnC = 0.0 if same else math.log(c / c_base) if 0 < c < math.inf and 0 < c_base < math.inf else math.nan
+    dlnC = 0.0 if same else _ln(c) - _ln(c_base)
     return replace(out, dlnC=dlnC, C="either" if math.isnan(dlnC) else _moved(dlnC, compute.resolution))
 
 
@@ -104,6 +106,10 @@ def _moved(d: float, resolution: float) -> str:
     if d == 0:
         return "unmoved"
     return "moved" if math.isfinite(resolution) and abs(d) >= resolution else "either"
+
+
+def _ln(c: float) -> float:
+    return -math.inf if c == 0 else math.log(c)
 
 
 def _sign(x: float | None) -> int:

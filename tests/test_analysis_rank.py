@@ -263,3 +263,22 @@ def test_moves_c_mid_where_only_the_compute_axis_is_stretched():
 def _curve(rng, truth):
     curve = make_curve(rng, truth, c_max=40_000.0, every=800.0)
     return curve.compute, curve.reward
+
+
+def test_a_truth_that_never_reaches_R_star_needs_more_compute_whatever_the_factor():
+    """analysis.truth.expected: a variant whose true A is below R* needs infinite compute: a claim of more compute
+    is right, one of less is wrong; where neither truth reaches R* no direction is held against a claim."""
+    from analysis.rank import Efficiency
+    from analysis.truth import Truth as MockTruth, expected
+
+    base = MockTruth(A=0.60, B=1.5, C_mid=100.0, R0=0.2)
+    low = MockTruth(A=0.50, B=1.5, C_mid=100.0, R0=0.2)
+    compute = Efficiency(R_star=0.55, C=(100.0, 150.0), ci=((90.0, 110.0), (140.0, 160.0)), moved=True,
+                         resolution=math.log(1.3))
+    want = expected(low, base, (0.2, 0.5), compute)  # dA -0.1: below the resolution
+    assert want.dlnC == math.inf and want.C == "moved"
+    assert want.judge(False, -0.1, False, 0.0, True, math.log(1.5)) == ""
+    assert "compute 0.67x" in want.judge(False, -0.1, False, 0.0, True, math.log(1 / 1.5))
+    neither = expected(low, MockTruth(A=0.52, B=1.5, C_mid=100.0, R0=0.2), (0.2, 0.5), compute)
+    assert math.isnan(neither.dlnC) and neither.C == "either"
+    assert neither.judge(False, 0.0, False, 0.0, True, math.log(1.5)) == ""
