@@ -88,14 +88,17 @@ class Ranked:
         return self.b_fit.ci["B"] if self.b_fit is not None else self.fit.ci["B"]
 
     @property
+    def tie_rule(self) -> str:
+        """How its tie on A was ranked: " (ranked by B at their common A = ...)" or " (ranked by their own B...)"."""
+        if self.common_A is not None:
+            return f" (ranked by B at their common A = {self.common_A:.3f}: {self.B_compared:.2f})"
+        return f" (ranked by their own B{': ' + self.refit_error if self.refit_error else ''})"
+
+    @property
     def note(self) -> str:
         parts = []
         if self.tie_with:
-            if self.common_A is not None:
-                at = f" (ranked by B at their common A = {self.common_A:.3f}: {self.B_compared:.2f})"
-            else:
-                at = f" (ranked by their own B{': ' + self.refit_error if self.refit_error else ''})"
-            parts.append(f"tie on A with {', '.join(self.tie_with)}{at}")
+            parts.append(f"tie on A with {', '.join(self.tie_with)}{self.tie_rule}")
         if self.b_tie_with:
             parts.append(f"tie on B with {', '.join(self.b_tie_with)}")
         return "; ".join(parts)

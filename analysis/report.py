@@ -74,7 +74,7 @@ class ReportRow:
     curves: list[RunCurve] = field(repr=False)
     fit: SigmoidFit
     status: str
-    note: str
+    note: str  # its ties (ranked.note), then its own notes
     verdict: Verdict
     ranked: Ranked = field(repr=False)
     extrapolation: Extrapolation = field(repr=False)
@@ -82,6 +82,7 @@ class ReportRow:
     incomplete: str = ""  # why its runs get no verdict ("FAILED at step 400 of 1,600"), "" for complete runs
     truth: Truth | None = None  # mock runs: the law the pooled curves follow
     expected: Expected | None = None  # mock runs: what the truth says the verdict should be at its resolution
+    own_notes: tuple[str, ...] = ()  # the fit's warnings and its runs' notes (the note without the ties)
 
     @property
     def run_id(self) -> str:
@@ -280,6 +281,7 @@ def _rows(curves: list[RunCurve], out: Path) -> list[ReportRow]:
     for r in ranked:
         i, group = r.index, groups[r.index]
         why = "; ".join(sorted({c.incomplete for c in group if c.incomplete}))
+        own_notes = tuple(n for n in (*fits[i].notes, *(n for c in group for n in c.notes)) if n)
         v = _verdict(i, base_i, fits, common, why, next((c.untestable for c in group if c.untestable), ""))
         seen = (truths[i] is not None and base_i is not None and truths[base_i] is not None
                 and v.label in CATEGORIES and v.resolution is not None)
@@ -290,7 +292,8 @@ def _rows(curves: list[RunCurve], out: Path) -> list[ReportRow]:
             curves=group,
             fit=fits[i],
             status=f"{fits[i].status}; {why}" if why else fits[i].status,
-            note="; ".join(n for n in (r.note, *fits[i].notes, *(n for c in group for n in c.notes)) if n),
+            note="; ".join(n for n in (r.note, *own_notes) if n),
+            own_notes=own_notes,
             verdict=v,
             ranked=r,
             extrapolation=_extrapolate(group),

@@ -154,7 +154,26 @@ def verdict_lines(report) -> list[str]:
 
 
 def note_lines(report) -> list[str]:
-    return [f"{row.label}: {row.note}." for row in report.rows if row.note]
+    """Each group of variants tied on A (their A intervals overlap) or on B, once, with how the tie on A was
+    ranked; then each note of a row's own (fit warnings, its runs'), naming every variant it holds for. Nine variants
+    tied on A is one line, not nine."""
+    lines, seen = [], set()
+    for row in report.rows:
+        r = row.ranked
+        for names, what, rule in ((r.tie_with, "A", r.tie_rule), (r.b_tie_with, "B", "")):
+            group = frozenset((r.name, *names))
+            if names and (what, group) not in seen:
+                seen.add((what, group))
+                members = ", ".join(x.ranked.name for x in report.rows if x.ranked.name in group)
+                lines.append(f"tie on {what} (the {what} intervals overlap): {members}{rule}.")
+    by_note: dict[str, list[str]] = {}  # a note several variants share is one line naming them
+    for row in report.rows:
+        for note in row.own_notes:
+            by_note.setdefault(note, []).append(row.label)
+    for note, labels in by_note.items():
+        lines.append(f"{', '.join(labels)}: {note}." if len(labels) == 1 else f"{note[0].upper()}{note[1:]}: "
+                     f"{', '.join(labels)}.")
+    return lines
 
 
 # --- the known truth of mock runs --------------------------------------------------------------------------------

@@ -458,3 +458,20 @@ def test_params_plot_draws_a_best_fit_outside_its_interval(tmp_path):
                          ci={"A": (0.56, 1.0), "B": (3.1, float("inf")), "C_mid": (80.0, float("inf"))})
     path = plot_params([("scalerl", inside, None), ("loo-x", outside, outside)], "scalerl", tmp_path / "p.png")
     assert path.stat().st_size > 1000
+
+
+def test_each_tie_is_one_note_naming_every_variant_in_it(report):
+    """A tie on A among k variants is one note line (not k), naming all k and how it was ranked."""
+    from analysis.text import note_lines
+
+    lines = note_lines(report)
+    assert len(lines) == len(set(lines))
+    for row in report.rows:
+        for names, what in ((row.ranked.tie_with, "A"), (row.ranked.b_tie_with, "B")):
+            if names:
+                group = {row.ranked.name, *names}
+                hits = [line for line in lines if line.startswith(f"tie on {what} ")
+                        and set(line.split(": ", 1)[1].split(" (ranked")[0].rstrip(".").split(", ")) == group]
+                assert len(hits) == 1, (row.ranked.name, what, lines)
+                assert what == "B" or "(ranked by" in hits[0]
+    assert any(row.ranked.tie_with for row in report.rows)  # the fixture has a tie on A to check
