@@ -207,7 +207,6 @@ def resolution(x: float, ci: tuple[float, float], x_base: float, ci_base: tuple[
 
 # --- the compute to reach a reward both runs reach ---------------------------------------------------------------
 
-GAIN_SHARE = 0.7  # R* = R0 + GAIN_SHARE x the smaller fitted gain at the runs' last points: well inside both curves
 
 
 def law_compute(r: float, A, B, C_mid, R0):
@@ -259,15 +258,24 @@ class Efficiency:
                 f"{'apart' if self.moved else 'overlap'})")
 
 
+def middle_reward(fit: SigmoidFit) -> float:
+    """The fitted law at the middle of the compute it was fitted on, in log C: sqrt(c_min x c_max), where its
+    interval is narrowest (the data on both sides pin it)."""
+    return float(fit.predict(math.sqrt(fit.c_min * fit.c_max)))
+
+
 def efficiency(fit: SigmoidFit, base: SigmoidFit) -> Efficiency | None:
-    """The two runs' compute to reach R* = R0 + GAIN_SHARE x the smaller of their gains at their last fitted points
-    (R0: the base's); None without posterior draws or a gain (fits without data, a curve that never rose)."""
+    """The two runs' compute to reach R*, the smaller of the two fits' rewards at the middle of their fitted compute
+    (log scale): the run with that reward reaches R* mid-data, the other earlier, so both C* are measured inside
+    the curves, not at an edge (a fixed share of the gain, 0.7, fell on the first fitted point of a curve that
+    rises fast). None without posterior draws, a fitted window, or a gain (a curve that never rose)."""
     if fit.draws is None or base.draws is None or not len(fit.draws) or not len(base.draws):
         return None
-    reached = min(float(fit.predict(fit.c_max)), float(base.predict(base.c_max)))
-    if not reached > base.R0:
+    if not all(0 < f.c_min < f.c_max < math.inf for f in (fit, base)):
         return None
-    r_star = base.R0 + GAIN_SHARE * (reached - base.R0)
+    r_star = min(middle_reward(fit), middle_reward(base))
+    if not r_star > max(fit.R0, base.R0):
+        return None
     (c, ci), (c_base, ci_base) = compute_to_reach(fit, r_star), compute_to_reach(base, r_star)
     if not (0 < c < math.inf and 0 < c_base < math.inf):
         return None

@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 from analysis.fit import CI_LEVEL, fmt_compute
-from analysis.rank import (A_TIE, BASELINE, BOTH, CATEGORIES, GAIN_SHARE, MOVES_A, MOVES_B, MOVES_C, NO_CHANGE,
+from analysis.rank import (A_TIE, BASELINE, BOTH, CATEGORIES, MOVES_A, MOVES_B, MOVES_C, NO_CHANGE,
                            NOT_TESTABLE)
 from analysis.runs import ALL_SWEEPS
 
@@ -284,8 +284,9 @@ def method_paragraphs() -> list[str]:
         f"Verdict against {BASELINE}: \"{MOVES_A}\" when the A intervals do not overlap, \"small\" when the change "
         f"is below the paper's {A_TIE} (its margin between runs of one recipe: the intervals hold one curve's "
         f"noise, a seed tells the rest); \"{MOVES_B}\" when the B intervals compared do not overlap; \"{BOTH}\"; "
-        f"\"{MOVES_C}\" when neither moved but the compute each run needs to reach a reward both reach (R* = R0 + "
-        f"{GAIN_SHARE} x the smaller fitted gain; its interval from the fit's posterior draws) differs, intervals "
+        f"\"{MOVES_C}\" when neither moved but the compute each run needs to reach a reward both reach (R*: the smaller "
+        f"of the two fits' rewards at the middle of their fitted compute, in log C; its interval from the fit's "
+        f"posterior draws) differs, intervals "
         f"apart: at a common A and B that ratio is the ratio of their C_mid (a deviation: the paper compares A "
         f"and B); else \"{NO_CHANGE}\". The B compared: where A moved, each run's own fit (a B at a common A would "
         "carry the A difference); where A is indistinguishable, both refitted with a common A (the paper's method), "
