@@ -53,7 +53,7 @@ def test_a_recipe_choice_yields_to_the_command_line():
     cfg = compose(["recipe=qwen_dapo", "loss=cispo"])
     assert choice_of(cfg, "loss") == "cispo"
     assert choice_of(cfg, "off_policy") == "ppo_off_policy"  # the rest of the recipe stays
-    assert cfg.batch.prompts_per_step == 16  # the experiment preset (tiny) applies after the recipe (qwen_dapo: 80)
+    assert cfg.batch.prompts_per_step == 24  # the experiment preset (tiny) applies after the recipe (qwen_dapo: 80)
 
 
 def test_unknown_option_names_group_and_options():
@@ -100,8 +100,8 @@ def test_the_mock_brings_its_own_short_schedule_and_experiment():
     runs); the command line still decides; other generators keep the experiment's own."""
     mock, real = compose(["generator=mock"]), compose([])
     assert (mock.train.steps, mock.train.val_every, mock.tracking.experiment) == (50, 1, "tiny-dryrun")
-    assert (mock.batch.prompts_per_step, real.batch.prompts_per_step) == (8, 16)
-    assert (real.train.steps, real.tracking.experiment) == (500, "tiny")
+    assert (mock.batch.prompts_per_step, real.batch.prompts_per_step) == (8, 24)
+    assert (real.train.steps, real.tracking.experiment) == (350, "tiny")
     assert compose(["generator=mock", "train.steps=7"]).train.steps == 7
     paper = compose(["experiment=paper_8b", "model.path=/m", "generator=mock"])
     assert (paper.train.steps, paper.tracking.experiment) == (50, "paper_8b-dryrun")
