@@ -11,7 +11,7 @@ is the layout (train.reference_layout):
   side (continuous batching), so they end together; the trainer trains step s once its round has ended and step
   s - 1 is done:
 
-      round_end(v)  = max(round_end(previous round), train_done(v)) + sum of the round's G_b / (gen devices x throughput)
+      round_end(v)  = max(round_end(previous round), train_done(v)) + sum of its G_b / (gen devices x throughput)
       train_done(s) = max(train_done(s - 1), round_end(oldest_version(s - 1))) + T_s / (trainer devices x throughput)
 
   and every device the job holds counts for the whole time, idle or not (the paper's GPU-hours). PipelineRL-k makes

@@ -284,15 +284,15 @@ def method_paragraphs() -> list[str]:
         f"Verdict against {BASELINE}: \"{MOVES_A}\" when the A intervals do not overlap, \"small\" when the change "
         f"is below the paper's {A_TIE} (its margin between runs of one recipe: the intervals hold one curve's "
         f"noise, a seed tells the rest); \"{MOVES_B}\" when the B intervals compared do not overlap; \"{BOTH}\"; "
-        f"\"{MOVES_C}\" when neither moved but the compute each run needs to reach a reward both reach (R*: the smaller "
-        f"of the two fits' rewards at the middle of their fitted compute, in log C; its interval from the fit's "
-        f"posterior draws) differs, intervals "
-        f"apart: at a common A and B that ratio is the ratio of their C_mid (a deviation: the paper compares A "
-        f"and B); else \"{NO_CHANGE}\". The B compared: where A moved, each run's own fit (a B at a common A would "
-        "carry the A difference); where A is indistinguishable, both refitted with a common A (the paper's method), "
-        "unless a common A fits poorly. Each verdict gives its resolution: the smallest |ΔA| and |ΔB| its "
-        "comparison finds 9 times in 10, and the compute ratio. Runs that did not finish their configured steps get "
-        "no verdict, nor do variants whose axis the sweep marks as not testable at its scale.",
+        f"\"{MOVES_C}\" when neither moved but the compute each run needs to reach a reward both reach (R*: the "
+        f"smaller of the two fits' rewards at the middle of their fitted compute, in log C; its interval from the "
+        f"fit's posterior draws) differs, intervals apart: at a common A and B that ratio is the ratio of their "
+        f"C_mid (a deviation: the paper compares A and B); else \"{NO_CHANGE}\". The B compared: where A moved, "
+        "each run's own fit (a B at a common A would carry the A difference); where A is indistinguishable, both "
+        "refitted with a common A (the paper's method), unless a common A fits poorly. Each verdict gives its "
+        "resolution: the smallest |ΔA| and |ΔB| its comparison finds 9 times in 10, and the compute ratio. Runs "
+        "that did not finish their configured steps get no verdict, nor do variants whose axis the sweep marks as "
+        "not testable at its scale.",
     ]
 
 
