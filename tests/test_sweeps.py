@@ -173,7 +173,7 @@ def test_a_variant_this_scale_cannot_test_is_tagged_with_why_unless_simulated():
 
     real = {p.variant.name: variant_tags(p, "s") for p in plan(compose(["sweep=loo"]), ["sweep=loo"])}
     assert "fp32 LM head" in real["loo-fp32"]["ablate.untestable"]
-    assert "is ever reached" in real["loo-lp"]["ablate.untestable"]
+    assert "thinking budget is never reached" in real["loo-lp"]["ablate.untestable"]
     assert "weigh every token alike" in real["loo-savg"]["ablate.untestable"]
     assert sorted(name for name, tags in real.items() if "ablate.untestable" in tags) == ["loo-fp32", "loo-lp",
                                                                                           "loo-savg"]
