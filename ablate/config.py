@@ -132,3 +132,16 @@ def check_model(model: DictConfig) -> None:
             "not a local folder, and the Hugging Face hub (or its cache) gave no model of that name"
         reason = str(why).strip().splitlines()[0] if str(why).strip() else type(why).__name__
         raise ValueError(f"model.path={model.path}: {where}: {reason}") from None
+
+
+def check_compute(train: DictConfig) -> None:
+    """Fail at once, in one line, on a reference layout the clock cannot use (before any run is created)."""
+    layout = train.get("reference_layout")
+    if layout is None:
+        return
+    if len(layout) != 2 or any(int(n) < 1 for n in layout):
+        raise ValueError(f"train.reference_layout must be [generator devices, trainer devices], each >= 1, "
+                         f"got {list(layout)}")
+    if not train.reference_tflops > 0:
+        raise ValueError(f"train.reference_layout={list(layout)} needs train.reference_tflops > 0 (the layout places "
+                         f"FLOPs counted at that throughput; with 0, compute is wall-clock time and has no layout)")

@@ -19,7 +19,7 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 
 from ablate import tracking
-from ablate.config import check_model, compose, merge_overrides, override_key, signature
+from ablate.config import check_compute, check_model, compose, merge_overrides, override_key, signature
 from ablate.progress import SweepDisplay, StepBar
 from ablate.sweeps import Variant
 from launch.status import ALIVE, job_states
@@ -87,6 +87,7 @@ def run_single(cfg: DictConfig, overrides: Sequence[str]) -> int:
     """
     (p,) = plan(cfg, overrides)
     check_model(p.cfg.model)  # before any run is created
+    check_compute(p.cfg.train)
     uri = tracking.check_reachable(cfg.tracking.uri, cfg.tracking.timeout_s)
     client = tracking.client(uri)
     exp_id = tracking.experiment_id(client, cfg.tracking.experiment)
@@ -125,6 +126,8 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
 
     for model in {json.dumps(OmegaConf.to_container(p.cfg.model), sort_keys=True) for p in planned}:
         check_model(OmegaConf.create(json.loads(model)))  # before any run is created
+    for p in planned:
+        check_compute(p.cfg.train)
     uri = tracking.check_reachable(cfg.tracking.uri, cfg.tracking.timeout_s)  # before any job starts
     client = tracking.client(uri)
     exp_id = tracking.experiment_id(client, cfg.tracking.experiment)

@@ -123,6 +123,20 @@ def test_a_model_path_that_does_not_load_fails_in_one_line_before_any_run(tmp_pa
     assert not (tmp_path / "mlflow.db").exists()  # nothing was created, not even the database
 
 
+def test_a_reference_layout_the_clock_cannot_use_fails_in_one_line_before_any_run(tmp_path):
+    cases = {("train.reference_layout=[1,1]", "train.reference_tflops=0"):
+             "train.reference_layout=[1, 1] needs train.reference_tflops > 0",
+             ("train.reference_layout=[0,1]",): "train.reference_layout must be [generator devices, trainer devices], "
+                                                 "each >= 1, got [0, 1]"}
+    for overrides, says in cases.items():
+        for sweep in ("sweep=none", "sweep=loo"):
+            out = run_cli("-m", "ablate", sweep, *overrides, cwd=tmp_path)
+            lines = out.stderr.strip().splitlines()
+            assert out.returncode == 2 and len(lines) == 1, out.stderr
+            assert lines[0].startswith(f"error: {says}"), lines[0]
+    assert not (tmp_path / "mlflow.db").exists()
+
+
 def test_a_model_folder_that_loads_passes_the_check(tmp_path):
     from ablate.config import check_model
     from ablate.policy import build_policy, build_tokenizer
