@@ -22,8 +22,8 @@ is the layout (train.reference_layout):
 A round's batches reach the clock one step at a time, so until its last one has, the round's generation time is
 extrapolated from the mean G of those seen, and its steps' times are worked out again from the round's start at each
 step; the device-hours logged never go down (a step that finds the round shorter than extrapolated adds nothing
-until the clock has caught up). Exact at the end of every round (batches of one round are drawn alike, so the
-extrapolation is close before it).
+until the clock has caught up). Exact at the end of every round unless an extrapolation ran past it, and exact
+again once the clock has caught up (batches of one round are drawn alike, so extrapolations are close).
 
 Deviation, said where it shows: in the deterministic schedule the tokens a PipelineRL run trains on are at most the
 engine's `max_waves` versions old, while the clock lets the generator run ahead up to k; at k >= 1 the generator
@@ -47,6 +47,13 @@ class StepFlops:
         return self.generate + self.train
 
 
+def check_layout(layout: Sequence[int] | None) -> None:
+    """None, or [generator devices, trainer devices], each >= 1; else a ValueError naming the key."""
+    if layout is not None and (len(layout) != 2 or any(int(n) < 1 for n in layout)):
+        raise ValueError(f"train.reference_layout must be [generator devices, trainer devices], each >= 1, "
+                         f"got {list(layout)}")
+
+
 class ReferenceClock:
     """Device-hours per step at `tflops` TFLOP/s per device, on `layout` (None: colocated on one device, else
     [generator devices, trainer devices]), under `off_policy`'s rule for which weights a batch starts on."""
@@ -54,9 +61,7 @@ class ReferenceClock:
     def __init__(self, tflops: float, layout: Sequence[int] | None, off_policy):
         if tflops <= 0:
             raise ValueError(f"train.reference_tflops must be > 0 for a reference clock, got {tflops}")
-        if layout is not None and (len(layout) != 2 or any(int(n) < 1 for n in layout)):
-            raise ValueError(f"train.reference_layout must be [generator devices, trainer devices], each >= 1, "
-                             f"got {list(layout)}")
+        check_layout(layout)
         self.flops_per_s = tflops * 1e12
         self.layout = None if layout is None else (int(layout[0]), int(layout[1]))
         self.off_policy = off_policy

@@ -136,12 +136,10 @@ def check_model(model: DictConfig) -> None:
 
 def check_compute(train: DictConfig) -> None:
     """Fail at once, in one line, on a reference layout the clock cannot use (before any run is created)."""
+    from ablate.compute import check_layout
+
     layout = train.get("reference_layout")
-    if layout is None:
-        return
-    if len(layout) != 2 or any(int(n) < 1 for n in layout):
-        raise ValueError(f"train.reference_layout must be [generator devices, trainer devices], each >= 1, "
-                         f"got {list(layout)}")
-    if not train.reference_tflops > 0:
+    check_layout(layout)
+    if layout is not None and not train.reference_tflops > 0:
         raise ValueError(f"train.reference_layout={list(layout)} needs train.reference_tflops > 0 (the layout places "
                          f"FLOPs counted at that throughput; with 0, compute is wall-clock time and has no layout)")

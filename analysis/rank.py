@@ -207,8 +207,6 @@ def resolution(x: float, ci: tuple[float, float], x_base: float, ci_base: tuple[
 
 # --- the compute to reach a reward both runs reach ---------------------------------------------------------------
 
-
-
 def law_compute(r: float, A, B, C_mid, R0):
     """Eq. 1 solved for C: the compute at which the law reaches reward r, C_mid ((A - R0) / (r - R0) - 1)^(-1/B);
     0 where r <= R0 (reached from the start), inf where r >= A (never). Works on arrays of draws."""

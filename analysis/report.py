@@ -74,7 +74,6 @@ class ReportRow:
     curves: list[RunCurve] = field(repr=False)
     fit: SigmoidFit
     status: str
-    note: str  # its ties (ranked.note), then its own notes
     verdict: Verdict
     ranked: Ranked = field(repr=False)
     extrapolation: Extrapolation = field(repr=False)
@@ -83,6 +82,11 @@ class ReportRow:
     truth: Truth | None = None  # mock runs: the law the pooled curves follow
     expected: Expected | None = None  # mock runs: what the truth says the verdict should be at its resolution
     own_notes: tuple[str, ...] = ()  # the fit's warnings and its runs' notes (the note without the ties)
+
+    @property
+    def note(self) -> str:
+        """Its ties (ranked.note), then its own notes."""
+        return "; ".join(n for n in (self.ranked.note, *self.own_notes) if n)
 
     @property
     def run_id(self) -> str:
@@ -292,7 +296,6 @@ def _rows(curves: list[RunCurve], out: Path) -> list[ReportRow]:
             curves=group,
             fit=fits[i],
             status=f"{fits[i].status}; {why}" if why else fits[i].status,
-            note="; ".join(n for n in (r.note, *own_notes) if n),
             own_notes=own_notes,
             verdict=v,
             ranked=r,

@@ -59,7 +59,6 @@ class HFGenerator(Pipeline):
             layout = cfg.train.reference_layout
             self.clock = ReferenceClock(float(cfg.train.reference_tflops), None if layout is None else list(layout),
                                         self.off_policy)
-        self.reference_idle: float | None = None  # the reference layout's generator idle share, when it has one
 
     def make_engine(self, policy: torch.nn.Module, tokenizer) -> Engine:
         """The engine that decodes the pipeline's rows: ours, on its own copy of the policy in the compute dtype."""
@@ -92,15 +91,12 @@ class HFGenerator(Pipeline):
         (reproducible, whatever else the machine runs), else every device held for its wall-clock time."""
         if self.clock is None:
             return self.devices * wall_seconds / 3600.0
-        hours = self.clock.step(step, flops)
-        if self.clock.layout is not None:
-            self.reference_idle = self.clock.generator_idle_frac()
-        return hours
+        return self.clock.step(step, flops)
 
     def perf(self) -> dict:
         perf = super().perf()
-        if self.reference_idle is not None:
-            perf["compute/generator_idle_frac"] = self.reference_idle
+        if self.clock is not None and self.clock.layout is not None:  # the reference layout's generator idle share
+            perf["compute/generator_idle_frac"] = self.clock.generator_idle_frac()
         return perf
 
     def state_dict(self) -> dict:
