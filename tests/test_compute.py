@@ -51,6 +51,18 @@ def test_ppo_rounds_add_up_to_the_serial_sum_at_every_round_end():
     assert all(b >= a for a, b in zip(seconds, seconds[1:]))
 
 
+def test_an_extrapolation_that_ran_ahead_is_never_taken_back_and_is_caught_up():
+    """PPO-off-policy-4 on [1, 1], T = 0.5 s a step; round 1's batches are G = 4, 1, 1, 1 s: after step 1 the round
+    is extrapolated to 4 x 4 = 16 s (step 1 done at 16.5 s: 33 device-seconds), after step 2 to 10 s. The count
+    stays at 33 (it never goes down) until the truth passes it: round 2 (G = 2 s each) starts at 7 + 2 = 9 s, ends at
+    17 s, its 4 steps done at 19 s: 2 x 19 = 38 device-seconds, the serial sum 2 x (7 + 2 + 8 + 2)."""
+    steps = [(4.0, 0.5), (1.0, 0.5), (1.0, 0.5), (1.0, 0.5)] + [(2.0, 0.5)] * 4
+    seconds = _device_seconds(ReferenceClock(1.0, [1, 1], PPOOffPolicy(4)), steps)
+    assert seconds[:4] == pytest.approx([33.0] * 4)
+    assert all(b >= a for a, b in zip(seconds, seconds[1:]))
+    assert seconds[-1] == pytest.approx(38.0)
+
+
 def test_pipeline_rl_never_costs_more_than_taking_turns_nor_less_than_the_busier_side():
     rng = np.random.default_rng(1)
     steps = [(float(g), float(t)) for g, t in rng.uniform(0.5, 4.0, size=(64, 2))]
