@@ -36,6 +36,9 @@ OPS = {
 }
 
 
+_SPLITS: dict[tuple, tuple[list[Problem], list[Problem], frozenset[str]]] = {}  # drawn splits, per task
+
+
 class SyntheticTask(Task):
     def __init__(self, tokenizer, ops: list[str], min_digits: int, max_digits: int, n_train_prompts: int,
                  n_val_prompts: int, teacher_accuracy: float = 1.0, seed: int = 0, task_seed: int = 1234,
@@ -50,6 +53,8 @@ class SyntheticTask(Task):
                              f"{list(op_weights or [])}")
         self.op_p = weights / weights.sum()
         self._uniform = bool(np.all(self.op_p == self.op_p[0]))  # (drawn as it always was)
+        self._cdf = np.cumsum(self.op_p)
+        self._cdf /= self._cdf[-1]  # rng.choice(p=op_p)'s own table: one rng.random() and a search draw the same op
         if not 1 <= min_digits <= max_digits:
             raise ValueError(f"task: need 1 <= min_digits <= max_digits, got {min_digits}, {max_digits}")
         if not 0 <= teacher_accuracy <= 1:
@@ -57,17 +62,20 @@ class SyntheticTask(Task):
         self.ops, self.min_digits, self.max_digits = list(ops), min_digits, max_digits
         self.teacher_accuracy = teacher_accuracy
         # The task's problems do not depend on the run's seed: every variant of a sweep sees the same task.
-        rng = np.random.default_rng(task_seed)
-        seen: set[str] = set()
         room = len(self.ops) * sum(10 ** n for n in range(min_digits, max_digits + 1))
         if n_train_prompts + n_val_prompts > room // 2:
             raise ValueError(f"task: {n_train_prompts} + {n_val_prompts} prompts asked of a family of {room}: "
                              "raise max_digits")
-        val = self._draw(rng, n_val_prompts, seen)
-        train = self._draw(rng, n_train_prompts, seen)
-        self.splits = {"train": train, "val": val}
+        key = (tuple(self.ops), tuple(self.op_p.tolist()), min_digits, max_digits, n_train_prompts, n_val_prompts,
+               task_seed)
+        if key not in _SPLITS:  # a worker running variants in turn draws them once
+            rng, drawn = np.random.default_rng(task_seed), set()
+            val = self._draw(rng, n_val_prompts, drawn)
+            _SPLITS[key] = (val, self._draw(rng, n_train_prompts, drawn), frozenset(drawn))
+        val, train, drawn = _SPLITS[key]
+        self.splits = {"train": list(train), "val": list(val)}  # this task's own lists: more_train extends train
         self._task_seed, self._chunk, self._room = task_seed, n_train_prompts, room
-        self._splits_seen = seen  # fresh training prompts are drawn apart from these
+        self._splits_seen = set(drawn)  # fresh training prompts are drawn apart from these
         self._val = {p.prompt for p in val}  # the warm start's examples avoid these only (they may repeat)
         self._warm_rng_seed = task_seed + 1
         self._warm: list[Problem] = []
@@ -76,9 +84,10 @@ class SyntheticTask(Task):
         """`count` problems none of which is in `seen`; `unique`: none twice either (each is added to `seen`)."""
         out: list[Problem] = []
         while len(out) < count:
-            op = self.ops[int(rng.integers(len(self.ops)) if self._uniform else rng.choice(len(self.ops), p=self.op_p))]
-            digits = "".join(map(str, rng.integers(0, 10, size=int(rng.integers(self.min_digits,
-                                                                                self.max_digits + 1)))))
+            op = self.ops[int(rng.integers(len(self.ops))) if self._uniform
+                          else int(self._cdf.searchsorted(rng.random(), side="right"))]
+            size = int(rng.integers(self.min_digits, self.max_digits + 1))
+            digits = "".join(map(str, rng.integers(0, 10, size=size).tolist()))
             prompt = f"{op} {digits}:"
             if prompt in seen:
                 continue
