@@ -89,3 +89,32 @@ def test_a_clock_restored_mid_round_goes_on_as_if_never_stopped():
 def test_a_bad_layout_is_named(layout):
     with pytest.raises(ValueError, match=r"train.reference_layout must be \[generator devices, trainer devices\]"):
         ReferenceClock(1.0, layout, PipelineRL(8))
+
+
+def _bench_cluster():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "bench_cluster.py"
+    spec = importlib.util.spec_from_file_location("bench_cluster", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclass looks itself up there)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cluster_cost_model_times_both_schedules_as_derived_by_hand():
+    # bench/bench_cluster.py on 2 generators + 1 trainer, 80 steps of 2 GPU-s generation and 1 GPU-s training of
+    # which half the rows are kept: a batch decodes in 1 s, trains in 0.5 s.
+    # PipelineRL-8: batches 1-9 start on the initial weights (one round, 9 s), steps 1-9 train 9 -> 13.5 s; batch s
+    # >= 10 ends at s + 0.5 (the generator never waits again: it is never 8 steps ahead), so from step 17 the trainer
+    # waits for it: step 80 done at 81 s. 3 GPUs x 81 s; generator busy 80 s of 81, trainer 40 s.
+    # PPO-off-policy-8: 10 rounds of 8 s decoding, then 4 s training, in turn: 120 s.
+    bench = _bench_cluster()
+    pipeline = bench.simulate(bench.Variant("scalerl", PipelineRL(8), 0.5), 80, 2.0, 1.0, (2, 1))
+    assert pipeline["gpu_hours"] == pytest.approx(3 * 81 / 3600) and pipeline["step_s"] == pytest.approx(81 / 80)
+    assert pipeline["gen_idle"] == pytest.approx(1 / 81) and pipeline["train_idle"] == pytest.approx(1 - 40 / 81)
+    turns = bench.simulate(bench.Variant("loo-8op", PPOOffPolicy(8), 0.5), 80, 2.0, 1.0, (2, 1))
+    assert turns["gpu_hours"] == pytest.approx(3 * 120 / 3600)
+    assert turns["gen_idle"] == pytest.approx(1 / 3) and turns["train_idle"] == pytest.approx(2 / 3)

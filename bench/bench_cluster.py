@@ -1,0 +1,122 @@
+"""A cost model for the paper's LOO at its scale (no machine here has 80 GPUs): per variant, the step time, the
+generator and trainer idle, and the GPU-hours of `experiment=paper_8b` on 64 generator + 16 trainer GPUs, and for
+the whole sweep; beside the paper's 16,000 GPU-hours per LOO variant.
+
+The schedule is the one every run's compute already counts by (ablate/compute.py, ReferenceClock): the off-policy
+rule decides which batches start on the same weights; a round decodes side by side on the generator GPUs, the
+trainer trains each step once its round has ended, every GPU counts for the whole time. Here the clock's unit of
+work is one GPU-second: a step's generation is its generated tokens over one generator GPU's tokens/s, its
+training the trained tokens over one trainer GPU's tokens/s.
+
+The throughputs are inputs (measure them on one GPU, or give them); the defaults are this project's measurements
+on an H100 (shared/notes/gpu-facts.md), scaled from the 0.89B model they were taken on to N parameters by FLOPs:
+- trainer: FSDP2 with fp32 master weights and bf16 compute, 32% MFU (1 rank, 64 x 1,152 tokens a step): 6N FLOPs
+  per trained token;
+- generator: raw vLLM, compiled, 512 rows x 512 new tokens: 26,000 tokens/s = 5.8% MFU at 2N per token. Decoding
+  12k-token sequences reads a far larger KV cache per token than 512-token ones, so this is an upper bound; the
+  table also prints the generator throughput the paper's 16,000 GPU-hours imply.
+Lengths are inputs too (the paper gives only the budgets, 2,048 + 12,288 + 2,048); zero-variance filtering keeps
+`--kept` of the rows (ScaleRL's loss trains only those; loo-batch trains every row).
+
+    python bench/bench_cluster.py                       # paper_8b, H100 defaults
+    python bench/bench_cluster.py --gen-tokens-per-s 400 --completion 9000 --kept 0.4
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ablate.compute import ReferenceClock, StepFlops  # noqa: E402
+from ablate.offpolicy import PipelineRL, PPOOffPolicy  # noqa: E402
+
+PAPER_GPU_HOURS = 16_000.0  # per LOO variant (shared/notes/scalerl-facts.md)
+H100_PEAK_TFLOPS = 798.0  # dense bf16, measured (gpu-facts.md)
+ANCHOR = {"params": 0.89e9, "gen_tokens_per_s": 26_000.0, "train_mfu": 0.32}  # gpu-facts.md, on the H100
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    off_policy: object
+    kept: float  # share of the rows trained
+
+
+def variants(kept: float, k: int) -> list[Variant]:
+    """ScaleRL and the LOO variants whose cost differs at this level of the model; the others cost what ScaleRL does
+    (the loss, aggregation, normalization and head choices change a step's FLOPs by well under 1%)."""
+    pipeline, ppo = PipelineRL(k=k), PPOOffPolicy(k=k)
+    return [Variant("scalerl", pipeline, kept), Variant("loo-8op", ppo, kept), Variant("loo-batch", pipeline, 1.0),
+            *(Variant(name, pipeline, kept) for name in ("loo-dapo", "loo-savg", "loo-plan", "loo-fp32", "loo-lp",
+                                                          "loo-npr"))]
+
+
+def simulate(v: Variant, steps: int, gen_s: float, train_s: float, layout: tuple[int, int]) -> dict:
+    """Run the reference clock over `steps` steps of constant work (GPU-seconds on one GPU per step)."""
+    clock = ReferenceClock(1e-12, layout, v.off_policy)  # 1e-12 TFLOP/s: one unit of work a second
+    gpu_hours = sum(clock.step(s, StepFlops(generate=gen_s, train=train_s * v.kept)) for s in range(1, steps + 1))
+    wall_s = clock.elapsed
+    trainer_busy = steps * train_s * v.kept / layout[1]
+    return {"gpu_hours": gpu_hours, "step_s": wall_s / steps, "gen_idle": clock.generator_idle_frac(),
+            "train_idle": max(1.0 - trainer_busy / wall_s, 0.0), "wall_h": wall_s / 3600.0}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--params", type=float, default=8e9, help="model parameters N (paper_8b: 8e9)")
+    p.add_argument("--generators", type=int, default=64, help="generator GPUs (paper: 64)")
+    p.add_argument("--trainers", type=int, default=16, help="trainer GPUs (paper: 16)")
+    p.add_argument("--steps", type=int, default=1600, help="optimizer steps per run (experiment=paper_8b: 1,600)")
+    p.add_argument("--prompts", type=int, default=48, help="prompts per step (paper: 48)")
+    p.add_argument("--samples", type=int, default=16, help="completions per prompt (paper: 16)")
+    p.add_argument("--prompt-len", type=float, default=400.0, help="mean prompt tokens (budget 2,048)")
+    p.add_argument("--completion", type=float, default=8000.0, help="mean completion tokens (budget 14,336)")
+    p.add_argument("--kept", type=float, default=0.5, help="share of rows zero-variance filtering keeps")
+    p.add_argument("--k", type=int, default=8, help="off-policy k (PipelineRL-k, PPO-off-policy-k)")
+    p.add_argument("--gen-tokens-per-s", type=float, default=None,
+                   help="generated tokens/s per generator GPU (default: the H100 anchor scaled by FLOPs)")
+    p.add_argument("--train-mfu", type=float, default=ANCHOR["train_mfu"], help="trainer MFU (default: 0.32)")
+    p.add_argument("--peak-tflops", type=float, default=H100_PEAK_TFLOPS, help="dense bf16 peak per GPU")
+    a = p.parse_args()
+
+    gen_tps = a.gen_tokens_per_s or ANCHOR["gen_tokens_per_s"] * ANCHOR["params"] / a.params
+    train_tps = a.train_mfu * a.peak_tflops * 1e12 / (6 * a.params)
+    rows = a.prompts * a.samples
+    generated, trained = rows * a.completion, rows * (a.prompt_len + a.completion)
+    gen_s, train_s = generated / gen_tps, trained / train_tps  # one GPU's seconds per step, all rows trained
+    layout = (a.generators, a.trainers)
+    gpus = sum(layout)
+
+    print(f"paper_8b on {gpus} GPUs ({a.generators} generating, {a.trainers} training), {a.steps} steps of "
+          f"{a.prompts} x {a.samples} completions, {a.prompt_len:,.0f} + {a.completion:,.0f} tokens, "
+          f"{a.kept:.0%} of rows kept")
+    print(f"per GPU: generator {gen_tps:,.0f} tokens/s ({gen_tps * 2 * a.params / 1e12 / a.peak_tflops:.1%} MFU), "
+          f"trainer {train_tps:,.0f} tokens/s ({a.train_mfu:.0%} MFU)")
+    state_gb = a.params * (4 + 8 + 4) / a.trainers / 1e9  # fp32 master + AdamW moments + fp32 grads, sharded
+    print(f"trainer state per GPU (fp32 master, AdamW, fp32 grads; FSDP over {a.trainers}): {state_gb:.1f} GB "
+          f"(on one GPU: {state_gb * a.trainers:.0f} GB)")
+    print(f"one step on the whole layout: generation {gen_s / a.generators:,.1f} s, training "
+          f"{train_s * a.kept / a.trainers:,.1f} s ({train_s / a.trainers:,.1f} s for every row)\n")
+
+    print(f"{'variant':<10} {'step s':>8} {'gen idle':>9} {'trainer idle':>13} {'wall h':>8} {'GPU-hours':>10} "
+          f"{'x scalerl':>10} {'x paper':>8}")
+    total, base = 0.0, None
+    for v in variants(a.kept, a.k):
+        r = simulate(v, a.steps, gen_s, train_s, layout)
+        base = base or r["gpu_hours"]
+        total += r["gpu_hours"]
+        print(f"{v.name:<10} {r['step_s']:>8.1f} {r['gen_idle']:>9.1%} {r['train_idle']:>13.1%} {r['wall_h']:>8.1f} "
+              f"{r['gpu_hours']:>10,.0f} {r['gpu_hours'] / base:>10.2f} {r['gpu_hours'] / PAPER_GPU_HOURS:>8.2f}")
+    print(f"\nthe sweep (9 variants): {total:,.0f} GPU-hours (paper: {9 * PAPER_GPU_HOURS:,.0f} at 16,000 each); "
+          f"{9 * gpus} GPUs to run the variants side by side")
+    implied = generated * a.steps / (PAPER_GPU_HOURS * 3600 / gpus) / a.generators
+    print(f"the paper's 16,000 GPU-hours over {a.steps} steps imply {implied:,.0f} generated tokens/s per generator "
+          f"GPU at these lengths (if generation sets the pace)")
+
+
+if __name__ == "__main__":
+    main()
