@@ -1,8 +1,8 @@
 """The mock LOO with three seeds, reported, and every verdict checked against the mock's known truth (issue 13).
 
-`python -m ablate sweep=loo generator=mock` for seeds 0, 1 and 2 (one Hydra multirun: three sweeps in one process;
-20 steps, validation every step: 21 points to ~16-21k simulated GPU-hours), each sweep reported alone, and the
-three pooled (the seeds of a variant fitted together, `--sweep all`).
+`python -m ablate sweep=loo generator=mock` for seeds 0, 1 and 2 (three sweeps side by side, one thread each, into
+one database; 20 steps, validation every step: 21 points to ~16-21k simulated GPU-hours), each sweep reported alone,
+and the three pooled (the seeds of a variant fitted together, `--sweep all`).
 
 What "right" means. The yardstick is the resolution each verdict reports (the smallest |dA|, |dB| its comparison
 finds 9 times in 10), and the truth is derived here, independently of the report's own truth column:
@@ -44,9 +44,8 @@ from analysis.runs import ALL_SWEEPS
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = "mock-truth"
 SEEDS = (0, 1, 2)
-SWEEPS = ["-m", "ablate", "--multirun", "sweep=loo", "generator=mock", "launcher=debug", "train.steps=20",
-          "train.val_every=1", "model.num_layers=1", "model.hidden_size=32", "sweep.report=false",
-          f"tracking.experiment={EXPERIMENT}", "seed=" + ",".join(map(str, SEEDS))]
+SWEEP = ["-m", "ablate", "sweep=loo", "generator=mock", "launcher=debug", "train.steps=20", "train.val_every=1",
+         "model.num_layers=1", "model.hidden_size=32", "sweep.report=false", f"tracking.experiment={EXPERIMENT}"]
 MOCK = yaml.safe_load((REPO / "conf" / "generator" / "mock.yaml").read_text())
 
 
@@ -73,11 +72,15 @@ def _compute_to_reach(r: float, A: float, B: float, C_mid: float, R0: float) -> 
 def sweeps(tmp_path_factory):
     """Three finished mock sweeps in one store; per variant and seed: the run's A and the variant's tags."""
     folder = tmp_path_factory.mktemp("mock-truth")
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    proc = subprocess.run([sys.executable, *SWEEPS], cwd=folder, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     uri = f"sqlite:///{folder}/mlflow.db"
     client = MlflowClient(tracking_uri=uri)
+    client.search_experiments()  # the database made before the sweeps start, so none of them races its migration
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, *SWEEP, f"seed={seed}"], cwd=folder, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for seed in SEEDS]  # side by side
+    for proc in procs:
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out[-4000:]
     runs = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])
     variants = [r for r in runs if r.data.tags.get("ablate.role") == "variant"]
     assert len(variants) == 9 * len(SEEDS)

@@ -16,10 +16,9 @@ def _val_curve(cfg, uri):
 
 
 def test_the_pass_rate_rises_under_scalerl_in_a_short_run(tmp_path, mlflow_uri):
-    cfg = compose(["train.steps=100", "train.val_every=50", f"paths.outputs={tmp_path}"])
+    cfg = compose(["train.steps=100", "train.val_every=50", "task.n_val_prompts=128", f"paths.outputs={tmp_path}"])
     start, middle, end = _val_curve(cfg, mlflow_uri)
-    # measured (seed 0, the default 16 prompts a step): 0.24 -> 0.47 at step 100, ~0.7 at step 500; 128 prompts x 8
-    # samples: binomial sd ~0.04
+    # measured (seed 0, 24 prompts a step, 128 validation prompts x 4 samples): 0.23, 0.55 at step 50, 0.66 at 100
     assert 0.05 <= start <= 0.35, "the warm start should leave room to learn"
     assert end > start + 0.1
 

@@ -137,6 +137,7 @@ RESUMABLE = ["sweep=recipes", "sweep.recipes=[scalerl]", "train.steps=400", "tra
              "train.val_every=5"]
 
 
+@pytest.mark.slow  # ~65 s; the default suite requeues a warned job here, and resumes a killed run in test_resume.py
 def test_a_requeued_job_resumes_its_run_with_no_lost_or_duplicated_steps(slurm, tmp_path):
     out = _ablate(tmp_path, *RESUMABLE, env=slurm.env)
     assert out.returncode == 0, out.stderr
@@ -151,7 +152,7 @@ def test_a_requeued_job_resumes_its_run_with_no_lost_or_duplicated_steps(slurm, 
     assert int(client.get_run(run_id).data.tags["ablate.resumed_from"]) >= 20  # the second start used a checkpoint
 
 
-@pytest.mark.slow  # ~90 s; the default suite's requeue test resumes a killed job the same way
+@pytest.mark.slow  # ~90 s; test_resume.py resumes a killed run the same way
 def test_a_cancelled_sweep_resumes_when_run_again(slurm, tmp_path):
     out = _ablate(tmp_path, *RESUMABLE, env=slurm.env)
     assert out.returncode == 0, out.stderr
