@@ -100,7 +100,7 @@ def test_the_mock_brings_its_own_short_schedule_and_experiment():
     runs); the command line still decides; other generators keep the experiment's own."""
     mock, real = compose(["generator=mock"]), compose([])
     assert (mock.train.steps, mock.train.val_every, mock.tracking.experiment) == (50, 1, "tiny-dryrun")
-    assert (mock.batch.prompts_per_step, real.batch.prompts_per_step) == (8, 24)
+    assert (mock.batch.prompts_per_step, real.batch.prompts_per_step) == (4, 24)
     assert (real.train.steps, real.tracking.experiment) == (350, "tiny")
     assert compose(["generator=mock", "train.steps=7"]).train.steps == 7
     paper = compose(["experiment=paper_8b", "model.path=/m", "generator=mock"])
