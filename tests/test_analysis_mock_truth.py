@@ -78,9 +78,14 @@ def sweeps(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, *SWEEP, f"seed={seed}"], cwd=folder, env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for seed in SEEDS]  # side by side
-    for proc in procs:
-        out, _ = proc.communicate(timeout=600)
-        assert proc.returncode == 0, out[-4000:]
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=600)
+            assert proc.returncode == 0, out[-4000:]
+    finally:  # no sweep outlives a failed or timed-out one
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
     runs = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])
     variants = [r for r in runs if r.data.tags.get("ablate.role") == "variant"]
     assert len(variants) == 9 * len(SEEDS)
