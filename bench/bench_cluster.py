@@ -48,7 +48,9 @@ class Variant:
 
 def variants(kept: float, k: int) -> list[Variant]:
     """ScaleRL and the LOO variants whose cost differs at this level of the model; the others cost what ScaleRL does
-    (the loss, aggregation, normalization and head choices change a step's FLOPs by well under 1%)."""
+    (the loss, aggregation, normalization and head choices change a step's FLOPs by well under 1%; NPR changes which
+    prompts are drawn, not how many). loo-lp's length penalty changes the completions' lengths in a way only a run
+    shows: it is priced at the same lengths here (run the model again with its --completion to price it)."""
     pipeline, ppo = PipelineRL(k=k), PPOOffPolicy(k=k)
     return [Variant("scalerl", pipeline, kept), Variant("loo-8op", ppo, kept), Variant("loo-batch", pipeline, 1.0),
             *(Variant(name, pipeline, kept) for name in ("loo-dapo", "loo-savg", "loo-plan", "loo-fp32", "loo-lp",
