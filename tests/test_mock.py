@@ -63,11 +63,12 @@ def test_runs_of_one_variant_differ_in_A_by_the_run_to_run_spread():
 
 def test_rollouts_are_shaped_like_a_generators():
     gen, cfg = _mock()
-    ro = gen.rollouts(list(range(8)), step=20, compute=3000.0)
-    N = cfg.batch.prompts_per_step * cfg.batch.samples_per_prompt
+    P = cfg.batch.prompts_per_step
+    ro = gen.rollouts(list(range(P)), step=20, compute=3000.0)
+    N = P * cfg.batch.samples_per_prompt
     T = ro.tokens.shape[1]
     assert ro.tokens.shape == ro.mask.shape == ro.gen_logprobs.shape == ro.versions.shape == (N, T)
-    assert ro.group.tolist() == [g for g in range(8) for _ in range(cfg.batch.samples_per_prompt)]
+    assert ro.group.tolist() == [g for g in range(P) for _ in range(cfg.batch.samples_per_prompt)]
     assert torch.all(ro.gen_logprobs[ro.mask] <= 0) and torch.all(ro.gen_logprobs[~ro.mask] == 0)
     assert torch.all(ro.mask.sum(1) <= ro.lengths)
     assert T <= cfg.generation.max_think_tokens + cfg.generation.max_answer_tokens + gen.phrase_tokens
