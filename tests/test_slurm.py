@@ -17,8 +17,8 @@ from test_sweeps import PAPER_LOO
 pytestmark = pytest.mark.slurm
 
 # The mock generator on a 1-layer model: these tests are about the cluster, not the model. The test cluster lets 8
-# jobs share a core (OverSubscribe=FORCE:8): an array of 9 ran all at once on 2 cores, each paying its imports and
-# the shared sqlite file in turn, 137 s; as many at a time as there are cores, as a real cluster would run them.
+# jobs share a core (OverSubscribe=FORCE:8): an array of 9 ran all at once on 2 cores (the LOO test 137 s; 119 s
+# with as many at a time as there are cores, as a real cluster would run them).
 SLURM = ["generator=mock", "model.num_layers=1", "model.hidden_size=32", "launcher=slurm",
          "launcher.cpus_per_task=1", "launcher.gpus_per_node=1", "launcher.mem_gb=1", "launcher.timeout_min=10",
          f"launcher.array_parallelism={os.cpu_count() or 1}"]
