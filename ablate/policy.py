@@ -100,3 +100,20 @@ def completion_logprobs(model: torch.nn.Module, prompt_tokens: torch.Tensor, pro
         bias = bias / temperature if bias is not None else None
     logp = head(predicting, lm_head.weight, tokens, bias=bias)
     return torch.where(inside, logp, torch.zeros_like(logp))
+
+
+class Scorer(torch.nn.Module):
+    """`completion_logprobs` of a model with its head, as a module: what a data-parallel wrapper (FSDP2,
+    ablate/parallel.py) wraps, so that its hooks gather every weight the log-probs use, the LM head included (the
+    head is applied from its weight, not by calling the LM head module). Holds the model as `model`."""
+
+    def __init__(self, model: torch.nn.Module, head: Callable, temperature: float = 1.0,
+                 compute_dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.model, self.head = model, head
+        self.temperature, self.compute_dtype = temperature, compute_dtype
+
+    def forward(self, prompt_tokens: torch.Tensor, prompt_mask: torch.Tensor, tokens: torch.Tensor,
+                lengths: torch.Tensor) -> torch.Tensor:
+        return completion_logprobs(self.model, prompt_tokens, prompt_mask, tokens, lengths, self.head,
+                                   temperature=self.temperature, compute_dtype=self.compute_dtype)

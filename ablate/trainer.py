@@ -24,7 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from ablate.compute import StepFlops
 from ablate.config import flatten
-from ablate.policy import build_policy, build_tokenizer, completion_logprobs, compute_dtype
+from ablate.parallel import OneProcess
+from ablate.policy import Scorer, build_policy, build_tokenizer, compute_dtype
 from ablate.registry import build
 from ablate.rl.aggregation import token_weights
 from ablate.rollouts import Rollouts
@@ -45,19 +46,23 @@ class Learner:
     the whole batch's gradient exactly, however the rows are grouped: rows are grouped by length
     (`micro_batches`) and each micro-batch is cut to its own longest row, so no compute goes to padding beyond it.
     The weights and AdamW's state are fp32; the decoder computes in `model.dtype` (ablate/policy.py).
+    `ranks` spreads the rows and the weights over trainer processes (ablate/parallel.py: OneProcess, the default,
+    or FSDP); the weights, advantages and loss are the whole batch's on any number of them.
     """
 
-    def __init__(self, cfg: DictConfig, policy: torch.nn.Module | None = None):
+    def __init__(self, cfg: DictConfig, policy: torch.nn.Module | None = None, ranks=None):
         self.policy = policy if policy is not None else build_policy(cfg.model, cfg.seed)
         self.policy.train()
+        self.ranks = ranks if ranks is not None else OneProcess()
         self.normalize, self.loss = build(cfg.normalization), build(cfg.loss)
-        self.aggregate, self.head = build(cfg.aggregation), build(cfg.precision)
-        self.compute_dtype = compute_dtype(cfg.model)
+        self.aggregate = build(cfg.aggregation)
         self.micro_batch, self.micro_tokens = cfg.train.micro_batch_size, cfg.train.micro_batch_tokens
-        self.temperature = float(cfg.generation.temperature)
         if cfg.train.activation_checkpointing:  # recompute each decoder layer in the backward: memory for time
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.optim.lr, eps=cfg.optim.eps,
+        scorer = Scorer(self.policy, build(cfg.precision), float(cfg.generation.temperature),
+                        compute_dtype(cfg.model))
+        self.scorer = self.ranks.wrap(scorer, scorer.compute_dtype)
+        self.optimizer = torch.optim.AdamW(self.scorer.parameters(), lr=cfg.optim.lr, eps=cfg.optim.eps,
                                            betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay,
                                            fused=True)
         warmup = max(cfg.optim.warmup_steps, 1)
@@ -71,19 +76,26 @@ class Learner:
         adv = torch.zeros(ro.n, device=device)
         if keep.any():
             adv[keep] = self.normalize(rewards[keep], ro.group[keep])
-        weights = token_weights(self.aggregate, mask, ro.group)
+        weights = token_weights(self.aggregate, mask, ro.group)  # of the whole batch, on every rank
         total = 0.0
         prompt_lengths = ro.prompt_mask.sum(dim=1)
-        for rows in micro_batches(prompt_lengths + ro.lengths, mask.any(dim=1), self.micro_batch, self.micro_tokens):
+        lengths = prompt_lengths + ro.lengths
+        mine = self.ranks.share(lengths, mask.any(dim=1))
+        batches = micro_batches(lengths, mine, self.micro_batch, self.micro_tokens)
+        passes = self.ranks.passes(len(batches))  # as many as the busiest rank: the others' extra ones weigh 0
+        for i in range(passes):
+            rows, scale = (batches[i], 1.0) if i < len(batches) else (torch.zeros(1, dtype=torch.long,
+                                                                                  device=device), 0.0)
             P, T = int(prompt_lengths[rows].max()), max(int(ro.lengths[rows].max()), 1)
             prompt = slice(ro.prompt_tokens.shape[1] - P, None)  # prompts are left-padded, completions right-padded
-            logp = completion_logprobs(self.policy, ro.prompt_tokens[rows, prompt], ro.prompt_mask[rows, prompt],
-                                       ro.tokens[rows, :T], ro.lengths[rows], self.head, temperature=self.temperature,
-                                       compute_dtype=self.compute_dtype)
+            logp = self.scorer(ro.prompt_tokens[rows, prompt], ro.prompt_mask[rows, prompt], ro.tokens[rows, :T],
+                               ro.lengths[rows])
             per_token = self.loss(logp, ro.gen_logprobs[rows, :T], adv[rows], mask[rows, :T])
-            part = (per_token * weights[rows, :T]).sum()
+            part = (per_token * weights[rows, :T]).sum() * scale
+            self.ranks.sync_gradients(self.scorer, now=i == passes - 1)
             part.backward()
             total += part.item()
+        total = self.ranks.total(total)
         if not math.isfinite(total):
             raise FloatingPointError(f"the policy loss is {total}: the run diverged")
         lr = self.scheduler.get_last_lr()[0]

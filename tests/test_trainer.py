@@ -46,7 +46,7 @@ def test_the_learner_calls_the_configured_functions():
         compose(["loss=gspo", "aggregation=token_mean", "normalization=none", "precision=bf16", "generator=mock"]),
         resolve=True))
     learner = Learner(cfg)
-    names = {f.func.__name__ for f in (learner.loss, learner.aggregate, learner.normalize, learner.head)}
+    names = {f.func.__name__ for f in (learner.loss, learner.aggregate, learner.normalize, learner.scorer.head)}
     assert names == {"gspo", "token_mean", "none", "bf16"}
     assert learner.loss.keywords == {"eps_low": 3e-3, "eps_high": 5e-3}
 

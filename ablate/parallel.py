@@ -1,0 +1,107 @@
+"""How the learner spreads over trainer processes: which rows of a step each trains, and how the weights are held.
+
+The learner's maths is the whole batch's at any world size. Every rank holds the step's rollouts and computes the
+advantages and the aggregation's token weights W on the WHOLE batch (batch-std normalization, prompt_mean and
+token_mean are not rank-local averages); each rank then trains its share of the rows, contributing
+sum_{its rows} l * W, and the gradients are SUMMED across ranks (not averaged), so that the ranks' contributions
+add up to the whole batch's loss sum_{all rows} l * W and its gradient. A world of 1 trains every row: the same step.
+
+- OneProcess: the default; no torch.distributed.
+- FSDP: torch's FSDP2 (`fully_shard` on a 1-D DeviceMesh over the default process group), one shard group per
+  decoder layer plus the root (embeddings, final norm, LM head), with a MixedPrecisionPolicy: fp32 master weights
+  (and AdamW state, and gradient reduction), the decoder layers gathered in the model's compute dtype. The root is
+  gathered in fp32: the LM head's dtype is the precision option's (ablate/rl/precision.py casts it), as in one
+  process.
+
+Both answer the same four questions, so the Learner never asks which one it has.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _dealt(lengths: torch.Tensor, trained: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """The trained rows dealt to `rank` of `world` (a mask [N]): by length, longest first, round robin, so that
+    every rank gets rows of every length and about the same number of tokens."""
+    order = torch.argsort(lengths, descending=True, stable=True)
+    order = order[trained[order]]
+    mine = torch.zeros_like(trained)
+    mine[order[rank::world]] = True
+    return mine
+
+
+class OneProcess:
+    """Every row in this process (the default layout: one device, or the CPU)."""
+
+    rank, world = 0, 1
+
+    def wrap(self, scorer: torch.nn.Module, compute_dtype: torch.dtype) -> torch.nn.Module:
+        return scorer
+
+    def share(self, lengths: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
+        return trained
+
+    def passes(self, count: int) -> int:
+        """Forward/backward passes this step: here, one per micro-batch."""
+        return count
+
+    def total(self, value: float) -> float:
+        return value
+
+    def sync_gradients(self, scorer: torch.nn.Module, now: bool) -> None:
+        pass
+
+
+class FSDP:
+    """Data parallel over the default process group with FSDP2 (torch.distributed.fsdp.fully_shard).
+
+    Rows are dealt to the ranks by length (`_dealt`); every rank then runs as many forward/backward passes as the
+    busiest one (FSDP's all-gathers and reduce-scatters pair up across ranks), a rank with fewer micro-batches
+    running a pass whose loss is weighted 0. Gradients are reduce-scattered once, after the step's last pass, as a
+    sum in fp32. Needs torch.distributed initialized (torchrun, or a SLURM task's environment) with a backend for
+    the weights' device: nccl on GPUs, gloo on the CPU.
+    """
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("the FSDP layout needs torch.distributed initialized (start the trainer ranks with "
+                               "torchrun or as the tasks of one SLURM job)")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.device = torch.device("cpu")  # of the small tensors this layout reduces: the weights' device, once wrapped
+
+    def wrap(self, scorer: torch.nn.Module, compute_dtype: torch.dtype) -> torch.nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        self.device = next(scorer.parameters()).device
+        mesh = init_device_mesh(self.device.type, (self.world,))
+        gathered = None if compute_dtype == torch.float32 else compute_dtype
+        layers = MixedPrecisionPolicy(param_dtype=gathered, reduce_dtype=torch.float32)
+        groups = [fully_shard(layer, mesh=mesh, mp_policy=layers) for layer in scorer.model.get_decoder().layers]
+        groups.append(fully_shard(scorer, mesh=mesh, mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.float32)))
+        for group in groups:  # each shard group reduces its own gradients
+            group.set_gradient_divide_factor(1.0)  # a sum over ranks: each rank's loss is its share of the whole
+            group.set_force_sum_reduction_for_comms(True)  # as plain SUM (gloo has no pre-multiplied sum)
+        return scorer
+
+    def share(self, lengths: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
+        return _dealt(lengths, trained, self.rank, self.world)
+
+    def passes(self, count: int) -> int:
+        return int(self._reduce(float(count), "MAX"))
+
+    def total(self, value: float) -> float:
+        return self._reduce(value, "SUM")
+
+    def sync_gradients(self, scorer: torch.nn.Module, now: bool) -> None:
+        scorer.set_requires_gradient_sync(now)
+
+    def _reduce(self, value: float, op: str) -> float:
+        import torch.distributed as dist
+
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+        return float(t.item())

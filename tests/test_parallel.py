@@ -1,0 +1,134 @@
+"""The learner on FSDP2 over 2 ranks (gloo, CPU) against the learner in one process: the same step.
+
+The ranks are real processes (torch.multiprocessing, a gloo process group through a file), each holding half of
+every weight (fully_shard per decoder layer) and training half of the rows; the loss and the gradient must be the
+whole batch's, as one process computes them. Also here: the rows are really split (a rank-local aggregation, which
+FSDP's default average would give, is measurably different), and the fp32 master weights move at the paper's lr
+with bf16 compute.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from ablate.config import compose
+from ablate.parallel import OneProcess, _dealt
+from ablate.registry import build
+from ablate.rl.aggregation import token_weights
+from ablate.trainer import Learner
+
+pytestmark = pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
+WORLD = 2
+
+
+def _config(*overrides: str):
+    # prompt_mean + batch normalization (ScaleRL's): neither is a rank-local average
+    return OmegaConf.to_container(compose(["generator=mock", "train.micro_batch_size=3", *overrides]), resolve=True,
+                                  enum_to_str=True)
+
+
+def _batch(cfg):
+    ro = build(cfg.generator, cfg=cfg).rollouts(list(range(4)), 0, compute=2000.0)
+    rewards = (torch.arange(ro.n) % 3 == 0).float()  # every prompt has reward variance
+    return ro, rewards, torch.ones(ro.n, dtype=torch.bool)
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
+
+
+def _step(cfg, ranks=None) -> dict:
+    """One Learner step: its metrics, the summed gradient and the weights before and after."""
+    learner = Learner(cfg, ranks=ranks)
+    before = {n: _full(p) for n, p in learner.policy.named_parameters()}
+    grads, real_step = {}, learner.optimizer.step
+
+    def step_and_keep(*args, **kwargs):
+        grads.update({n: _full(p.grad) for n, p in learner.policy.named_parameters() if p.grad is not None})
+        return real_step(*args, **kwargs)
+
+    learner.optimizer.step = step_and_keep
+    metrics = learner.step(*_batch(cfg))
+    after = {n: _full(p) for n, p in learner.policy.named_parameters()}
+    dtypes = {str(p.dtype) for p in learner.policy.parameters()}
+    kinds = {type(p.data).__name__ for p in learner.policy.parameters()}
+    return {"metrics": metrics, "grads": grads, "before": before, "after": after, "dtypes": dtypes, "kinds": kinds}
+
+
+def _rank(rank: int, init_file: str, configs: list, out: str) -> None:
+    import torch.distributed as dist
+
+    from ablate.parallel import FSDP
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        results = [_step(OmegaConf.create(c), ranks=FSDP()) for c in configs]
+        if rank == 0:
+            torch.save(results, out)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """The FSDP step on 2 ranks for each config: fp32 compute at a visible lr, and bf16 compute at the paper's."""
+    folder = tmp_path_factory.mktemp("fsdp")
+    configs = [_config("optim.lr=1e-3"), _config("model.dtype=bfloat16", "optim.lr=5e-7")]
+    torch.multiprocessing.start_processes(_rank, args=(str(folder / "init"), configs, str(folder / "out.pt")),
+                                          nprocs=WORLD, start_method="spawn")
+    return configs, torch.load(folder / "out.pt", weights_only=False)
+
+
+def test_two_fsdp_ranks_take_the_same_step_as_one_process(two_ranks):
+    configs, results = two_ranks
+    fsdp = results[0]
+    one = _step(OmegaConf.create(configs[0]))
+    assert fsdp["kinds"] == {"DTensor"} and one["kinds"] == {"Tensor"}  # really sharded
+    assert fsdp["metrics"]["loss/policy"] == pytest.approx(one["metrics"]["loss/policy"], rel=1e-5, abs=1e-7)
+    assert fsdp["metrics"]["train/adv_abs_mean"] == pytest.approx(one["metrics"]["train/adv_abs_mean"])
+    assert fsdp["grads"].keys() == one["grads"].keys()
+    for name, g in one["grads"].items():
+        torch.testing.assert_close(fsdp["grads"][name], g, rtol=1e-4, atol=1e-7, msg=name)
+    lr = configs[0]["optim"]["lr"]
+    moved = 0
+    for name, w in one["after"].items():
+        update, fsdp_update = w - one["before"][name], fsdp["after"][name] - fsdp["before"][name]
+        torch.testing.assert_close(fsdp["before"][name], one["before"][name], rtol=0, atol=0)  # the same start
+        # AdamW's first step is about lr * sign(g): the same step wherever the gradient is not at rounding level
+        assert (fsdp_update - update).abs().max() <= 1e-2 * lr, name
+        moved += int((update != 0).sum())
+    assert moved > 0.5 * sum(w.numel() for w in one["after"].values())
+
+
+def test_the_split_is_real_a_rank_local_aggregation_would_differ(two_ranks):
+    """What the FSDP test would not catch if the rows were not split, or split but averaged rank-locally: the
+    ranks' rows are disjoint halves, and the gradient of a rank-local prompt_mean (averaged over the ranks, FSDP's
+    default) differs from the whole batch's by far more than the test's tolerance."""
+    configs, _ = two_ranks
+    cfg = OmegaConf.create(configs[0])
+    ro, rewards, keep = _batch(cfg)
+    lengths = ro.prompt_mask.sum(1) + ro.lengths
+    shares = [_dealt(lengths, ro.mask.any(1), r, WORLD) for r in range(WORLD)]
+    assert not (shares[0] & shares[1]).any() and (shares[0] | shares[1]).equal(ro.mask.any(1))
+    assert OneProcess().share(lengths, ro.mask.any(1)).equal(ro.mask.any(1))
+
+    learner = Learner(cfg)
+    whole = token_weights(learner.aggregate, ro.mask, ro.group)
+    local = sum(token_weights(learner.aggregate, ro.mask & s[:, None], ro.group) for s in shares) / WORLD
+    assert torch.allclose(whole.sum(), torch.tensor(1.0)) and torch.allclose(local.sum(), torch.tensor(1.0))
+    assert (local - whole).abs().max() > 100 * 1e-4 * whole.abs().max()
+
+
+def test_fp32_master_weights_move_at_the_papers_lr_with_bf16_compute(two_ranks):
+    configs, results = two_ranks
+    fsdp = results[1]
+    assert configs[1]["model"]["dtype"] == "bfloat16" and configs[1]["optim"]["lr"] == 5e-7
+    assert fsdp["dtypes"] == {"torch.float32"}  # the masters (the layers are gathered in bf16 for compute)
+    changed = sum(int((fsdp["after"][n] != w).sum()) for n, w in fsdp["before"].items())
+    total = sum(w.numel() for w in fsdp["before"].values())
+    assert changed > 0.5 * total, f"{changed} of {total} weights moved"
+    one = _step(OmegaConf.create(configs[1]))  # one process, autocast bf16: the same loss to bf16's precision
+    assert fsdp["metrics"]["loss/policy"] == pytest.approx(one["metrics"]["loss/policy"], rel=5e-3, abs=1e-5)
