@@ -13,12 +13,25 @@ add up to the whole batch's loss sum_{all rows} l * W and its gradient. A world 
   gathered in fp32: the LM head's dtype is the precision option's (ablate/rl/precision.py casts it), as in one
   process.
 
-Both answer the same four questions, so the Learner never asks which one it has.
+Both answer the same questions (the Learner's: wrap, share, passes, total, sync_gradients; the checkpoint's:
+save, load, prune; the generator's: weights), so none of them asks which one it has.
+
+Checkpoints: one process puts the weights and AdamW's state into the checkpoint's payload, as torch state dicts.
+FSDP writes them with torch.distributed.checkpoint (DCP), each rank its own shards, into a folder named by the step
+beside the payload (`learner-<step>`); the payload names that folder, so a payload and its shards always match
+(the folder is complete before it gets its name, and the older folders go only once the payload naming the new one
+is in place).
 """
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
 import torch
+
+SHARDS = "learner-{tag}"  # the DCP folder of a checkpoint, beside its payload
 
 
 def _dealt(lengths: torch.Tensor, trained: torch.Tensor, rank: int, world: int) -> torch.Tensor:
@@ -51,6 +64,23 @@ class OneProcess:
 
     def sync_gradients(self, scorer: torch.nn.Module, now: bool) -> None:
         pass
+
+    def save(self, learner, folder: Path, tag: int) -> dict:
+        """The learner's part of a checkpoint's payload."""
+        return {"policy": learner.policy.state_dict(), "optimizer": learner.optimizer.state_dict(),
+                "scheduler": learner.scheduler.state_dict()}
+
+    def load(self, learner, payload: dict, folder: Path) -> None:
+        learner.policy.load_state_dict(payload["policy"])
+        learner.optimizer.load_state_dict(payload["optimizer"])
+        learner.scheduler.load_state_dict(payload["scheduler"])
+
+    def prune(self, folder: Path, payload: dict) -> None:
+        """Called once `payload` is the checkpoint: remove what older checkpoints left (here, nothing)."""
+
+    def weights(self, policy: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full weights, (name, tensor) one tensor at a time: what a generator engine loads."""
+        yield from policy.state_dict().items()
 
 
 class FSDP:
@@ -98,6 +128,57 @@ class FSDP:
 
     def sync_gradients(self, scorer: torch.nn.Module, now: bool) -> None:
         scorer.set_requires_gradient_sync(now)
+
+    def save(self, learner, folder: Path, tag: int) -> dict:
+        """Every rank writes its shards of the weights and AdamW's state (DCP) to folder/learner-<tag>: first
+        under a staging name, renamed once all ranks are done."""
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        name = SHARDS.format(tag=tag)
+        staged, final = folder / f"{name}.partial", folder / name
+        if self.rank == 0:
+            shutil.rmtree(staged, ignore_errors=True)
+        dist.barrier()
+        model, optim = get_state_dict(learner.scorer, learner.optimizer)
+        dcp.save({"model": model, "optim": optim}, checkpoint_id=staged)
+        dist.barrier()
+        if self.rank == 0:
+            shutil.rmtree(final, ignore_errors=True)
+            staged.rename(final)
+        dist.barrier()
+        return {"learner_shards": name, "scheduler": learner.scheduler.state_dict()}
+
+    def load(self, learner, payload: dict, folder: Path) -> None:
+        """Every rank reads its shards back (DCP reshards if the world size changed)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        if "learner_shards" not in payload:
+            raise ValueError(f"the checkpoint in {folder} was written by one process, not by FSDP ranks: it holds no "
+                             "learner shards to load")
+        model, optim = get_state_dict(learner.scorer, learner.optimizer)
+        state = {"model": model, "optim": optim}
+        dcp.load(state, checkpoint_id=folder / payload["learner_shards"])
+        set_state_dict(learner.scorer, learner.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        learner.scheduler.load_state_dict(payload["scheduler"])
+
+    def prune(self, folder: Path, payload: dict) -> None:
+        if self.rank == 0:
+            for old in folder.glob(SHARDS.format(tag="*")):
+                if old.name != payload["learner_shards"]:
+                    shutil.rmtree(old, ignore_errors=True)
+
+    def weights(self, policy: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full weights, gathered one tensor at a time (an all-gather each, in the same order on every rank):
+        at most one full tensor exists beside the shards, never the whole model. Every rank must run the iterator to
+        its end; the ranks that feed no engine just drop what they get."""
+        from torch.distributed.tensor import DTensor
+
+        for name, tensor in policy.state_dict().items():
+            yield name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
     def _reduce(self, value: float, op: str) -> float:
         import torch.distributed as dist

@@ -237,14 +237,14 @@ class Checkpoint:
     def save(self, state: RunState, learner: Learner, sampler: PromptSampler, generator) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         payload = {
-            "state": vars(state).copy(), "policy": learner.policy.state_dict(),
-            "optimizer": learner.optimizer.state_dict(), "scheduler": learner.scheduler.state_dict(),
+            "state": vars(state).copy(), **learner.ranks.save(learner, self.path.parent, tag=state.step),
             "torch_rng": torch.get_rng_state(), "sampler": sampler.state_dict(),
             "generator": generator.state_dict(),
         }
         tmp = self.path.with_suffix(".tmp")
         torch.save(payload, tmp)
         tmp.replace(self.path)
+        learner.ranks.prune(self.path.parent, payload)
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
@@ -255,9 +255,7 @@ class Checkpoint:
         payload = torch.load(self.path, weights_only=False)
         for key, value in payload["state"].items():
             setattr(state, key, value)
-        learner.policy.load_state_dict(payload["policy"])
-        learner.optimizer.load_state_dict(payload["optimizer"])
-        learner.scheduler.load_state_dict(payload["scheduler"])
+        learner.ranks.load(learner, payload, self.path.parent)
         torch.set_rng_state(payload["torch_rng"])
         sampler.load_state_dict(payload["sampler"])
         generator.load_state_dict(payload["generator"])

@@ -9,12 +9,17 @@ with bf16 compute.
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from ablate.config import compose
+from ablate.generators.engine import Engine, Limits
 from ablate.parallel import OneProcess, _dealt
+from ablate.policy import build_policy
 from ablate.registry import build
 from ablate.rl.aggregation import token_weights
 from ablate.trainer import Learner
@@ -29,8 +34,8 @@ def _config(*overrides: str):
                                   enum_to_str=True)
 
 
-def _batch(cfg):
-    ro = build(cfg.generator, cfg=cfg).rollouts(list(range(4)), 0, compute=2000.0)
+def _batch(cfg, prompts=range(4)):
+    ro = build(cfg.generator, cfg=cfg).rollouts(list(prompts), 0, compute=2000.0)
     rewards = (torch.arange(ro.n) % 3 == 0).float()  # every prompt has reward variance
     return ro, rewards, torch.ones(ro.n, dtype=torch.bool)
 
@@ -57,6 +62,49 @@ def _step(cfg, ranks=None) -> dict:
     return {"metrics": metrics, "grads": grads, "before": before, "after": after, "dtypes": dtypes, "kinds": kinds}
 
 
+def _resumed(cfg, ranks, folder: Path) -> dict:
+    """Step 1, checkpoint, step 2; and a learner from other initial weights that loads the checkpoint, step 2."""
+    first, second = _batch(cfg), _batch(cfg, prompts=range(4, 8))
+    learner = Learner(cfg, ranks=ranks)
+    learner.step(*first)
+    payload = ranks.save(learner, folder, tag=1)
+    ranks.prune(folder, payload)
+    learner.step(*second)
+    other = OmegaConf.merge(cfg, {"seed": cfg.seed + 1})
+    resumed = Learner(other, ranks=ranks)
+    changed_start = any(not torch.equal(_full(a), _full(b)) for a, b in
+                        zip(learner.policy.parameters(), resumed.policy.parameters()))
+    ranks.load(resumed, payload, folder)
+    resumed.step(*second)
+    return {"payload": payload, "changed_start": changed_start,
+            "straight": {n: _full(p) for n, p in learner.policy.named_parameters()},
+            "resumed": {n: _full(p) for n, p in resumed.policy.named_parameters()},
+            "lr": (learner.scheduler.get_last_lr(), resumed.scheduler.get_last_lr()),
+            "folders": sorted(p.name for p in folder.iterdir())}
+
+
+def _checksums(named) -> dict[str, str]:
+    return {name: hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest() for name, t in named}
+
+
+def _synced(cfg, ranks) -> dict:
+    """A step on the ranks, then the weight path to a generator engine holding its own copy (other weights):
+    gathered tensor by tensor on every rank, loaded by rank 0's engine. Checksums of both sides, per tensor."""
+    learner = Learner(cfg, ranks=ranks)
+    learner.step(*_batch(cfg))
+    copy = build_policy(cfg.model, cfg.seed + 1)
+    engine = Engine(copy, Limits(4, 4, (0,), None), head_dtype=torch.float32, temperature=1.0, pad_id=0, seed=0)
+    before = _checksums(copy.state_dict().items())
+    if ranks.rank == 0:
+        engine.load(ranks.weights(learner.policy), version=1)
+    else:
+        for _ in ranks.weights(learner.policy):  # every rank takes part in each gather
+            pass
+    trainer = _checksums((n, _full(p)) for n, p in learner.policy.state_dict().items())
+    return {"trainer": trainer, "engine_before": before, "engine": _checksums(copy.state_dict().items()),
+            "version": engine.version}
+
+
 def _rank(rank: int, init_file: str, configs: list, out: str) -> None:
     import torch.distributed as dist
 
@@ -65,9 +113,12 @@ def _rank(rank: int, init_file: str, configs: list, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:
-        results = [_step(OmegaConf.create(c), ranks=FSDP()) for c in configs]
+        ranks = FSDP()
+        results = [_step(OmegaConf.create(c), ranks=ranks) for c in configs]
+        resumed = _resumed(OmegaConf.create(configs[0]), ranks, Path(out).parent / "checkpoint")
+        synced = _synced(OmegaConf.create(configs[0]), ranks)
         if rank == 0:
-            torch.save(results, out)
+            torch.save({"steps": results, "resumed": resumed, "synced": synced}, out)
     finally:
         dist.destroy_process_group()
 
@@ -79,11 +130,12 @@ def two_ranks(tmp_path_factory):
     configs = [_config("optim.lr=1e-3"), _config("model.dtype=bfloat16", "optim.lr=5e-7")]
     torch.multiprocessing.start_processes(_rank, args=(str(folder / "init"), configs, str(folder / "out.pt")),
                                           nprocs=WORLD, start_method="spawn")
-    return configs, torch.load(folder / "out.pt", weights_only=False)
+    out = torch.load(folder / "out.pt", weights_only=False)
+    return configs, out["steps"], out["resumed"], out["synced"]
 
 
 def test_two_fsdp_ranks_take_the_same_step_as_one_process(two_ranks):
-    configs, results = two_ranks
+    configs, results, *_ = two_ranks
     fsdp = results[0]
     one = _step(OmegaConf.create(configs[0]))
     assert fsdp["kinds"] == {"DTensor"} and one["kinds"] == {"Tensor"}  # really sharded
@@ -107,7 +159,7 @@ def test_the_split_is_real_a_rank_local_aggregation_would_differ(two_ranks):
     """What the FSDP test would not catch if the rows were not split, or split but averaged rank-locally: the
     ranks' rows are disjoint halves, and the gradient of a rank-local prompt_mean (averaged over the ranks, FSDP's
     default) differs from the whole batch's by far more than the test's tolerance."""
-    configs, _ = two_ranks
+    configs, *_ = two_ranks
     cfg = OmegaConf.create(configs[0])
     ro, rewards, keep = _batch(cfg)
     lengths = ro.prompt_mask.sum(1) + ro.lengths
@@ -123,7 +175,7 @@ def test_the_split_is_real_a_rank_local_aggregation_would_differ(two_ranks):
 
 
 def test_fp32_master_weights_move_at_the_papers_lr_with_bf16_compute(two_ranks):
-    configs, results = two_ranks
+    configs, results, *_ = two_ranks
     fsdp = results[1]
     assert configs[1]["model"]["dtype"] == "bfloat16" and configs[1]["optim"]["lr"] == 5e-7
     assert fsdp["dtypes"] == {"torch.float32"}  # the masters (the layers are gathered in bf16 for compute)
@@ -132,3 +184,33 @@ def test_fp32_master_weights_move_at_the_papers_lr_with_bf16_compute(two_ranks):
     assert changed > 0.5 * total, f"{changed} of {total} weights moved"
     one = _step(OmegaConf.create(configs[1]))  # one process, autocast bf16: the same loss to bf16's precision
     assert fsdp["metrics"]["loss/policy"] == pytest.approx(one["metrics"]["loss/policy"], rel=5e-3, abs=1e-5)
+
+
+def test_a_sharded_checkpoint_resumes_the_same_run(two_ranks):
+    """DCP: both ranks write their shards; a learner started from other weights loads them and takes the same
+    next step as the learner that never stopped (weights, AdamW's moments and step count, the lr schedule)."""
+    _, _, resumed, _ = two_ranks
+    assert resumed["payload"]["learner_shards"] == "learner-1" and "policy" not in resumed["payload"]
+    assert resumed["folders"] == ["learner-1"]  # complete, renamed, no staging folder left
+    assert resumed["changed_start"]  # the resumed learner really started elsewhere
+    assert resumed["lr"][0] == resumed["lr"][1]
+    for name, w in resumed["straight"].items():
+        torch.testing.assert_close(resumed["resumed"][name], w, rtol=0, atol=0, msg=name)
+
+
+def test_after_a_sync_the_engine_holds_the_trainers_full_weights(two_ranks):
+    """The weight path on CPU: every tensor the engine holds has the checksum of the trainer's full tensor."""
+    *_, synced = two_ranks
+    assert synced["engine"].keys() == synced["trainer"].keys()
+    assert synced["engine_before"] != synced["trainer"]  # the engine started from other weights
+    different = [n for n, digest in synced["engine"].items() if digest != synced["trainer"][n]]
+    assert not different and synced["version"] == 1
+
+
+def test_an_engine_refuses_weights_that_miss_a_tensor():
+    cfg = OmegaConf.create(_config())
+    engine = Engine(build_policy(cfg.model, 0), Limits(4, 4, (0,), None), head_dtype=torch.float32,
+                    temperature=1.0, pad_id=0, seed=0)
+    pairs = [(n, t) for n, t in build_policy(cfg.model, 1).state_dict().items() if n != "lm_head.weight"]
+    with pytest.raises(ValueError, match="miss 1 of the engine's tensors: lm_head.weight"):
+        engine.load(iter(pairs), version=1)

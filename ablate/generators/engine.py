@@ -16,6 +16,7 @@ the token under the distribution it was sampled from.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -123,10 +124,18 @@ class Engine:
         return sum(len(w.rows) for w in self.waves)
 
     @torch.no_grad()
-    def load(self, state: dict[str, torch.Tensor], version: int) -> None:
-        """New weights between decode steps; running rows keep their caches and continue with them."""
-        for name, tensor in self.model.state_dict().items():
-            tensor.copy_(state[name])
+    def load(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """New weights between decode steps; running rows keep their caches and continue with them. `weights`: a
+        state dict, or (name, tensor) pairs taken one at a time as they come (gathered from FSDP shards tensor by
+        tensor: ablate/parallel.py), each copied into the engine's own tensor (in its dtype)."""
+        own = self.model.state_dict()
+        loaded = set()
+        for name, tensor in weights.items() if isinstance(weights, Mapping) else weights:
+            own[name].copy_(tensor)
+            loaded.add(name)
+        if loaded != own.keys():
+            missing = sorted(own.keys() - loaded)
+            raise ValueError(f"new weights miss {len(missing)} of the engine's tensors: {', '.join(missing[:3])}")
         self.version = version
 
     def close(self) -> None:
