@@ -26,6 +26,10 @@ from analysis import point
 
 GRID = 41  # cells per axis of the posterior grid
 N_DRAWS = 1000
+OUTLIER_SD = 3.0  # points further off the curve than this many robust sd are pulled in (_pull_in_outliers)
+OUTLIER_FLOOR = 1e-3  # the smallest robust sd: below it a curve is as good as noiseless
+OUTLIER_MIN_POINTS = 8  # fewer points give no robust scale worth the name
+OUTLIER_ROUNDS = 4
 SIGNIFICANT = 8.0  # cells within this many log-units of the best carry mass worth resolving (the LR cut is 1.35)
 
 
@@ -45,21 +49,25 @@ class FitState:
 
 
 def fit_state(data: Prepared, *, A_fixed: float | None = None, rng_seed: int = 0, _start=None) -> FitState:
-    log_c, r, R0 = data.log_c, data.r, data.R0
+    log_c, R0 = data.log_c, data.R0
     if A_fixed is not None and not R0 < A_fixed <= 1.0:
         raise FitError(f"fixed A = {A_fixed} must lie in (R0 = {R0:.4g}, 1]")
     box = _prior_box(data.c)
-    x, jac, resid = _least_squares(log_c, r, R0, box, A_fixed, start=_start)
+    # the points the fit sees from here on (dips pulled in), and their least-squares fit
+    r, pulled, (x, jac, resid) = _pull_in_outliers(log_c, data.r, R0, box, A_fixed, _start)
     free = ("A", "B", "C_mid") if A_fixed is None else ("B", "C_mid")
     effect = noise_model.estimate(data.c, data.runs, resid, jac, CI_LEVEL)
     noise = effect.noise
     # each parameter's likelihood is tempered to the noise scale that gives it its interval variance
     fallback = noise.var * r.size / max(noise.n_eff, 1.0)
     sigma2 = {}
+    # pulled-in points carry no information beyond their bound: the variance of a Huber estimate, E[psi^2] / E[psi']^2,
+    # is the winsorized residuals' (what the noise model saw) over the squared share of points left as they were
+    inflate = (r.size / (r.size - pulled)) ** 2
     for i, name in enumerate(free):
         naive = effect.naive[i, i]
         ratio = effect.variance[i] / naive if naive > 0 and math.isfinite(naive) else fallback
-        sigma2[name] = max(float(ratio), noise_model.MIN_SD**2)
+        sigma2[name] = max(float(ratio) * inflate, noise_model.MIN_SD**2)
     tau2 = noise.var / data.n_r0 if data.n_r0 else 0.0
 
     widest = max(sigma2.values())
@@ -90,9 +98,9 @@ def fit_state(data: Prepared, *, A_fixed: float | None = None, rng_seed: int = 0
     A_hat = float(best[0]) if A_fixed is None else float(A_fixed)
     u_hat, v_hat = float(best[-2]), float(best[-1])
     B, C_mid = math.exp(u_hat), math.exp(v_hat)
-    resid = sigmoid_law(data.c, A_hat, B, C_mid, R0) - r
+    resid = sigmoid_law(data.c, A_hat, B, C_mid, R0) - data.r
     ss_res = float(resid @ resid)
-    ss_tot = float(((r - r.mean()) ** 2).sum())
+    ss_tot = float(((data.r - data.r.mean()) ** 2).sum())
     at_bound = _at_bound(A_hat, u_hat, v_hat, R0, box, A_fixed)
     fit = SigmoidFit(
         A=A_hat,
@@ -105,7 +113,7 @@ def fit_state(data: Prepared, *, A_fixed: float | None = None, rng_seed: int = 0
         status="ok",
         c_min=data.c_min,
         c_max=float(data.c.max()),
-        notes=_notes(at_bound, ci, C_mid, float(data.c.max()), A_fixed),
+        notes=_notes(at_bound, ci, C_mid, float(data.c.max()), A_fixed, pulled),
         method="fast" if A_fixed is None else "fixed-A",
         n_runs=data.n_runs,
         noise={"sd_white": noise.sd_white, "sd_wobble": noise.sd_wobble, "corr_gpu_hours": noise.corr,
@@ -169,6 +177,35 @@ def _least_squares(log_c, r, R0, box, A_fixed, start=None):
     return x, jac, resid
 
 
+def _pull_in_outliers(log_c, r, R0, box, A_fixed, start) -> tuple[np.ndarray, int]:
+    """Huber's pseudo-observations: a point further than OUTLIER_SD robust sd from the least-squares curve is moved
+    to that distance from it, and the fit is made again, until the pulled points settle (at most OUTLIER_ROUNDS).
+
+    RL validation curves dip now and then (a bad stretch of updates the run recovers from: seen on the embedded
+    study, one point 0.1 below its neighbours where the noise is 0.01). Least squares and a Gaussian noise model
+    give such a point the weight of ten ordinary ones: it moves A, and the noise model, reading it as noise, opens
+    every interval. Pulled in, it still counts, as a 3-sd point does. The robust sd is the residuals' median
+    absolute deviation x 1.4826 (the sd for Gaussian noise), floored at OUTLIER_FLOOR (a pass rate's resolution: a
+    near-noiseless curve has nothing to pull in). Gaussian noise has 0.27% of its points beyond 3 sd: a clean curve
+    is fitted as before. Returns the points to fit, how many were pulled in, and their least-squares fit."""
+    fit = _least_squares(log_c, r, R0, box, A_fixed, start=start)
+    pulled_r, pulled = r, 0
+    if r.size < OUTLIER_MIN_POINTS:
+        return r, 0, fit
+    for _ in range(OUTLIER_ROUNDS):
+        curve = pulled_r + fit[2]  # residuals are model - data
+        e = r - curve
+        sd = max(1.4826 * float(np.median(np.abs(e - np.median(e)))), OUTLIER_FLOOR)
+        bound = OUTLIER_SD * sd
+        far = np.abs(e) > bound
+        new_r = np.where(far, curve + np.clip(e, -bound, bound), r)
+        if int(far.sum()) == pulled and np.allclose(new_r, pulled_r, rtol=0, atol=1e-3 * sd):
+            break
+        pulled_r, pulled = new_r, int(far.sum())
+        fit = _least_squares(log_c, pulled_r, R0, box, A_fixed, start=start)
+    return pulled_r, pulled, fit
+
+
 def _at_bound(A, u, v, R0, box, A_fixed) -> dict[str, int]:
     """Per parameter: -1 on its lower bound, +1 on its upper bound, 0 inside."""
     lower, upper = box
@@ -181,8 +218,11 @@ def _at_bound(A, u, v, R0, box, A_fixed) -> dict[str, int]:
     return out
 
 
-def _notes(at_bound: dict, ci: dict, C_mid: float, c_max: float, A_fixed) -> tuple[str, ...]:
+def _notes(at_bound: dict, ci: dict, C_mid: float, c_max: float, A_fixed, pulled: int = 0) -> tuple[str, ...]:
     notes = []
+    if pulled:
+        notes.append(f"{pulled} point{'s' if pulled > 1 else ''} more than {OUTLIER_SD:g} robust sd off the curve "
+                     f"(a dip or a spike) pulled in to {OUTLIER_SD:g} sd")
     if A_fixed is not None:
         notes.append(f"A fixed at {A_fixed:.4g}")
     for name, side in at_bound.items():

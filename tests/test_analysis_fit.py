@@ -93,6 +93,44 @@ def test_unidentified_ceiling_gets_an_open_bound_not_a_confident_interval():
     assert "A not bounded by the data (interval open up to 1)" in fit.notes
 
 
+def test_a_dip_is_pulled_in_to_three_robust_sd_and_nothing_else_moves():
+    """By hand: residuals cycling +0.01, -0.01, 0 have median 0 and median absolute deviation 0.01, so the robust sd is
+    1.4826 x 0.01; a point 0.2 below the curve is moved to 3 x 0.014826 = 0.0445 below it; every other point stays."""
+    from analysis.posterior import _prior_box, _pull_in_outliers
+
+    c = COMPUTE[COMPUTE >= 1500]
+    truth = sigmoid_law(c, **TRUTH)
+    r = truth + np.resize([0.01, -0.01, 0.0], c.size)
+    r[41] -= 0.2  # a point whose residual was 0 (41 % 3 == 2)
+    pulled, n, _ = _pull_in_outliers(np.log(c), r, TRUTH["R0"], _prior_box(c), None, None)
+    assert n == 1
+    np.testing.assert_array_equal(np.delete(pulled, 41), np.delete(r, 41))
+    assert pulled[41] - truth[41] == pytest.approx(-3 * 1.4826 * 0.01, abs=2e-3)
+    # a clean curve (binomial noise) and a noiseless one: nothing pulled, the points as they were
+    for clean in (noisy_curve(0)[COMPUTE >= 1500], truth):
+        same, n, _ = _pull_in_outliers(np.log(c), clean, TRUTH["R0"], _prior_box(c), None, None)
+        assert n == 0 and same is clean
+
+
+def test_a_dip_moves_neither_A_nor_its_interval(monkeypatch):
+    """One point 0.08 below a curve whose noise is 0.004 (20 sd): pulled in, the fit is the clean curve's to 0.002 in
+    A with an interval as narrow; left as it is (OUTLIER_SD = inf, least squares and a Gaussian noise model), it
+    doubles the A interval and the noise estimate."""
+    from analysis import posterior
+
+    r = noisy_curve(0)
+    dipped = r.copy()
+    dipped[60] -= 0.08
+    clean, fit = fit_sigmoid(COMPUTE, r), fit_sigmoid(COMPUTE, dipped)
+    width = lambda f: f.ci["A"][1] - f.ci["A"][0]  # noqa: E731
+    assert fit.A == pytest.approx(clean.A, abs=0.002) and width(fit) < 1.15 * width(clean)
+    assert any("1 point more than 3 robust sd off the curve" in note for note in fit.notes)
+    assert not any("pulled in" in note for note in clean.notes)
+    monkeypatch.setattr(posterior, "OUTLIER_SD", math.inf)
+    plain = fit_sigmoid(COMPUTE, dipped)
+    assert width(plain) > 1.8 * width(clean) and plain.noise["sd_white"] > 1.8 * clean.noise["sd_white"]
+
+
 def test_predict_reproduces_the_law_at_hand_computed_points():
     fit = SigmoidFit(A=0.61, B=2.0, C_mid=2000.0, R0=0.3)
     # C = 0: (C_mid / C)^B is infinite, R = R0 = 0.3
