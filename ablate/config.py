@@ -143,3 +143,27 @@ def check_compute(train: DictConfig) -> None:
     if layout is not None and not train.reference_tflops > 0:
         raise ValueError(f"train.reference_layout={list(layout)} needs train.reference_tflops > 0 (the layout places "
                          f"FLOPs counted at that throughput; with 0, compute is wall-clock time and has no layout)")
+
+
+def check_run(cfg: DictConfig) -> None:
+    """Fail at once, in one line naming the numbers, on a trainer layout (`run`) its own option or the launcher's
+    allocation cannot hold (before any run is created or job submitted)."""
+    from hydra.utils import get_object
+
+    run, launcher = cfg.run, cfg.launcher
+    n = int(run.trainer_gpus)
+    least, most = getattr(get_object(run._target_), "ranks", (1, None))
+    if n < least or (most is not None and n > most):
+        holds = f"exactly {least}" if least == most else f"at least {least}"
+        raise ValueError(f"run={run.name} with run.trainer_gpus={n}: this layout takes {holds} trainer rank"
+                         f"{'s' if least > 1 else ''}" + (" (one rank is run=one_process)" if least > 1 else
+                                                           " (more are run=fsdp)"))
+    if launcher.gpus_per_node > 0:
+        held = int(launcher.nodes) * int(launcher.gpus_per_node)
+        if n > held:
+            raise ValueError(f"run.trainer_gpus={n} does not fit the job: launcher.nodes={launcher.nodes} x "
+                             f"launcher.gpus_per_node={launcher.gpus_per_node} = {held} GPUs")
+        if n > int(launcher.gpus_per_node):
+            raise ValueError(f"run.trainer_gpus={n} spans more than one node of launcher.gpus_per_node="
+                             f"{launcher.gpus_per_node}: the trainer ranks start on one node (multi-node jobs are "
+                             "not built yet)")

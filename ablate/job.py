@@ -8,7 +8,9 @@ from omegaconf import OmegaConf
 def run_variant(config: dict, run_id: str, tracking_uri: str) -> dict:
     """Train the variant described by `config` (a resolved config as a plain dict, paths absolute) and return its
     final state. A job started again for the same run resumes it from its checkpoint."""
+    from ablate import parallel
     from ablate.trainer import train
 
-    state = train(OmegaConf.create(config), run_id, tracking_uri)
+    cfg = OmegaConf.create(config)
+    state = parallel.launch(cfg, train, cfg, run_id, tracking_uri)  # the layout's processes; one by default
     return {"run_id": run_id, "step": state.step, "gpu_hours": state.gpu_hours, "diverged": state.diverged}

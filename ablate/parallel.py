@@ -16,6 +16,12 @@ add up to the whole batch's loss sum_{all rows} l * W and its gradient. A world 
 Both answer the same questions (the Learner's: wrap, share, passes, total, sync_gradients; the checkpoint's:
 save, load, prune; the generator's: weights), so none of them asks which one it has.
 
+Processes (FSDP): `launch` starts one process per trainer rank on this machine (torch's elastic launcher, what
+torchrun runs). Rank 0 leads: it runs the trainer loop as one process would (generator, tracking, validation,
+checkpoints), and before each call that needs every rank (a learner step, gathering the weights for the generator,
+saving or loading the learner's shards) it broadcasts the call to the other ranks, which follow (`follow`): they
+hold their shards and train their rows, nothing else.
+
 Checkpoints: one process puts the weights and AdamW's state into the checkpoint's payload, as torch state dicts.
 FSDP writes them with torch.distributed.checkpoint (DCP), each rank its own shards, into a folder named by the step
 beside the payload (`learner-<step>`); the payload names that folder, so a payload and its shards always match
@@ -25,6 +31,8 @@ is in place).
 
 from __future__ import annotations
 
+import copy
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,6 +56,10 @@ class OneProcess:
     """Every row in this process (the default layout: one device, or the CPU)."""
 
     rank, world = 0, 1
+    ranks = (1, 1)  # the trainer ranks this layout takes (checked before submit: ablate.config.check_run)
+
+    def __init__(self, **_: object) -> None:
+        pass
 
     def wrap(self, scorer: torch.nn.Module, compute_dtype: torch.dtype) -> torch.nn.Module:
         return scorer
@@ -82,6 +94,98 @@ class OneProcess:
         """The full weights, (name, tensor) one tensor at a time: what a generator engine loads."""
         yield from policy.state_dict().items()
 
+    def gathered(self, policy: torch.nn.Module) -> torch.nn.Module:
+        """The policy with the trainer's current weights, whole: here, the trainer's own."""
+        return policy
+
+    def lead_step(self, *batch) -> None:
+        """Before a learner step: nothing to tell (FSDP's rank 0 sends the batch to the other ranks)."""
+
+
+_LEADING = False  # set in the processes `launch` starts: rank 0 then broadcasts each collective call to the others
+
+
+def launch(cfg, fn, *args, **kwargs):
+    """Run `fn(*args, **kwargs)` (the trainer) on the layout `cfg.run` names; return what it returns.
+
+    One trainer rank: here, in this process. More: `cfg.run.trainer_gpus` processes on this machine (torch's elastic
+    launcher, as torchrun; gloo on the CPU, nccl on GPUs), rank 0 running `fn`, the others following it; unless
+    this process is already one rank of a started group (torchrun, or a SLURM task's environment), in which case
+    `fn` runs here as that rank."""
+    world = int(cfg.run.trainer_gpus)
+    if world == 1:
+        return fn(*args, **kwargs)
+    import uuid
+
+    from omegaconf import OmegaConf
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, rdzv_backend="c10d",
+                          rdzv_endpoint="localhost:0", run_id=uuid.uuid4().hex, max_restarts=0, start_method="spawn")
+    plain = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
+    results = elastic_launch(config, _rank_main)(plain, fn, args, kwargs)
+    return results[0]
+
+
+def _rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
+    """One rank of `launch`: join the group; rank 0 runs `fn` and finally releases the others; they follow."""
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+
+    global _LEADING
+    _LEADING = True
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    try:
+        if dist.get_rank() != 0:
+            return follow(OmegaConf.create(cfg))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _broadcast(("stop", ()))
+    finally:
+        dist.destroy_process_group()
+
+
+def follow(cfg) -> None:
+    """A rank other than 0: wait for the leader's calls and make the same ones, until it says stop."""
+    from ablate.policy import build_policy, build_tokenizer
+    from ablate.trainer import Learner
+
+    ranks: FSDP | None = None
+    learner = None
+    while True:
+        name, args = _broadcast(None)
+        if name == "stop":
+            return
+        if name == "begin":  # the leader is building its learner: build ours (its weights come from rank 0's)
+            ranks = FSDP(int(cfg.run.trainer_gpus))
+            learner = Learner(cfg, build_policy(cfg.model, cfg.seed, build_tokenizer(cfg.model)), ranks=ranks)
+        elif name == "step":
+            try:
+                learner.step(*args)
+            except FloatingPointError:  # every rank sees the same non-finite loss: the leader ends the run
+                pass
+        elif name == "gather":
+            for _ in ranks.weights(learner.policy):
+                pass
+        elif name == "save":
+            ranks.save(learner, *args)
+        elif name == "load":
+            ranks.load(learner, *args)
+        else:
+            raise RuntimeError(f"unknown call from rank 0: {name!r}")
+
+
+def _broadcast(message):
+    """Rank 0's message to every rank (the others pass None and get it)."""
+    import torch.distributed as dist
+
+    box = [message]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
 
 class FSDP:
     """Data parallel over the default process group with FSDP2 (torch.distributed.fsdp.fully_shard).
@@ -93,20 +197,34 @@ class FSDP:
     the weights' device: nccl on GPUs, gloo on the CPU.
     """
 
-    def __init__(self) -> None:
+    ranks = (2, None)
+
+    def __init__(self, trainer_gpus: int = 2, **_: object) -> None:
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError("the FSDP layout needs torch.distributed initialized (start the trainer ranks with "
-                               "torchrun or as the tasks of one SLURM job)")
+            raise RuntimeError("the FSDP layout needs torch.distributed initialized: its ranks are started by "
+                               "ablate.parallel.launch (or torchrun, or as the tasks of one SLURM job)")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if self.world != trainer_gpus:
+            raise ValueError(f"run.trainer_gpus={trainer_gpus}, but {self.world} ranks were started")
+        self.leads = _LEADING and self.rank == 0
+        self.full: torch.nn.Module | None = None  # rank 0's unsharded copy, for the generator (`gathered`)
         self.device = torch.device("cpu")  # of the small tensors this layout reduces: the weights' device, once wrapped
 
     def wrap(self, scorer: torch.nn.Module, compute_dtype: torch.dtype) -> torch.nn.Module:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        import torch.distributed as dist
+
+        self._lead("begin")
         self.device = next(scorer.parameters()).device
+        with torch.no_grad():  # every rank starts from rank 0's weights (its warm start, or its checkpoint's)
+            for tensor in scorer.state_dict().values():
+                dist.broadcast(tensor, src=0)
+        if self.rank == 0:
+            self.full = copy.deepcopy(scorer.model)
         mesh = init_device_mesh(self.device.type, (self.world,))
         gathered = None if compute_dtype == torch.float32 else compute_dtype
         layers = MixedPrecisionPolicy(param_dtype=gathered, reduce_dtype=torch.float32)
@@ -129,6 +247,24 @@ class FSDP:
     def sync_gradients(self, scorer: torch.nn.Module, now: bool) -> None:
         scorer.set_requires_gradient_sync(now)
 
+    def lead_step(self, *batch) -> None:
+        self._lead("step", *batch)
+
+    def gathered(self, policy: torch.nn.Module) -> torch.nn.Module | None:
+        """Rank 0's unsharded copy of the policy with the trainer's current weights (gathered tensor by tensor), for
+        the generator and validation; None on the other ranks. The copy costs rank 0 one model of memory: the CPU
+        and one-GPU engines decode on it (at the paper's scale the weights go to the vLLM engines instead)."""
+        self._lead("gather")
+        if self.rank != 0:
+            for _ in self.weights(policy):
+                pass
+            return None
+        own = self.full.state_dict()
+        with torch.no_grad():
+            for name, tensor in self.weights(policy):
+                own[name].copy_(tensor)
+        return self.full
+
     def save(self, learner, folder: Path, tag: int) -> dict:
         """Every rank writes its shards of the weights and AdamW's state (DCP) to folder/learner-<tag>: first
         under a staging name, renamed once all ranks are done."""
@@ -136,6 +272,7 @@ class FSDP:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
+        self._lead("save", folder, tag)
         name = SHARDS.format(tag=tag)
         staged, final = folder / f"{name}.partial", folder / name
         if self.rank == 0:
@@ -158,6 +295,7 @@ class FSDP:
         if "learner_shards" not in payload:
             raise ValueError(f"the checkpoint in {folder} was written by one process, not by FSDP ranks: it holds no "
                              "learner shards to load")
+        self._lead("load", {k: payload[k] for k in ("learner_shards", "scheduler")}, folder)
         model, optim = get_state_dict(learner.scorer, learner.optimizer)
         state = {"model": model, "optim": optim}
         dcp.load(state, checkpoint_id=folder / payload["learner_shards"])
@@ -179,6 +317,11 @@ class FSDP:
 
         for name, tensor in policy.state_dict().items():
             yield name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+    def _lead(self, name: str, *args) -> None:
+        """On the leading rank 0: tell the following ranks to make the same call (`follow`)."""
+        if self.leads:
+            _broadcast((name, args))
 
     def _reduce(self, value: float, op: str) -> float:
         import torch.distributed as dist

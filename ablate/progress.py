@@ -32,6 +32,10 @@ class StepBar:
         self.last_print = -1e9
         self.val: Optional[float] = None
 
+    def __reduce__(self):
+        """Sent to another process (a trainer rank): a bar of the same name on that process's stderr."""
+        return (StepBar, (self.name,))
+
     def __call__(self, step: int, total: int, metrics: dict) -> None:
         self.val = metrics.get("val/pass_rate", self.val)
         now = time.monotonic()

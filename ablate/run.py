@@ -19,7 +19,7 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 
 from ablate import tracking
-from ablate.config import check_compute, check_model, compose, merge_overrides, override_key, signature
+from ablate.config import check_compute, check_model, check_run, compose, merge_overrides, override_key, signature
 from ablate.progress import SweepDisplay, StepBar
 from ablate.sweeps import Variant
 from launch.status import ALIVE, job_states
@@ -88,6 +88,7 @@ def run_single(cfg: DictConfig, overrides: Sequence[str]) -> int:
     (p,) = plan(cfg, overrides)
     check_model(p.cfg.model)  # before any run is created
     check_compute(p.cfg.train)
+    check_run(p.cfg)
     uri = tracking.check_reachable(cfg.tracking.uri, cfg.tracking.timeout_s)
     client = tracking.client(uri)
     exp_id = tracking.experiment_id(client, cfg.tracking.experiment)
@@ -102,9 +103,11 @@ def run_single(cfg: DictConfig, overrides: Sequence[str]) -> int:
     else:
         run_id = tracking.create_variant_run(client, exp_id, p.variant.name, variant_tags(p, "none"))
         print(f"{p.variant.name}: MLflow run {run_id} in experiment '{cfg.tracking.experiment}' at {uri}")
+    from ablate import parallel
     from ablate.trainer import train
 
-    state = train(OmegaConf.create(job_config(p.cfg)), run_id, uri, progress=StepBar(p.variant.name))
+    config = OmegaConf.create(job_config(p.cfg))
+    state = parallel.launch(config, train, config, run_id, uri, progress=StepBar(p.variant.name))
     if state.diverged:
         print(f"diverged at step {state.step + 1}: the run is marked ablate.diverged=true and FAILED")
         return 1
@@ -128,6 +131,7 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
         check_model(OmegaConf.create(json.loads(model)))  # before any run is created
     for p in planned:
         check_compute(p.cfg.train)
+        check_run(p.cfg)
     uri = tracking.check_reachable(cfg.tracking.uri, cfg.tracking.timeout_s)  # before any job starts
     client = tracking.client(uri)
     exp_id = tracking.experiment_id(client, cfg.tracking.experiment)

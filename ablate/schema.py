@@ -253,6 +253,15 @@ class Cluster(str, Enum):
 
 
 @dataclass
+class Run:
+    """How a run's trainer spreads over processes (ablate/parallel.py): one process, or FSDP over trainer ranks."""
+
+    name: str = MISSING
+    _target_: str = MISSING
+    trainer_gpus: int = 1  # trainer ranks: processes (and GPUs where there are any), each holding a shard
+
+
+@dataclass
 class Paths:
     outputs: str = "outputs/${name}"  # everything a study writes here: jobs, runs, reports
     runs: str = "${paths.outputs}/runs"  # one folder per MLflow run id: its checkpoint, metrics a dead store refused
@@ -333,6 +342,7 @@ class AblateConfig:
 
     name: str = "default"  # the study: the MLflow experiment and the output folder
     paths: Paths = field(default_factory=Paths)
+    run: Run = MISSING
     launcher: Launcher = MISSING
     tracking: Tracking = MISSING
     sweep: Sweep = MISSING
@@ -343,7 +353,7 @@ class AblateConfig:
 
 
 # Keys that describe how and where a run happens, not what it computes: left out of the signature.
-NON_SEMANTIC_KEYS = ("name", "paths", "launcher", "tracking", "sweep", "axes", "untestable")
+NON_SEMANTIC_KEYS = ("name", "paths", "run", "launcher", "tracking", "sweep", "axes", "untestable")
 
 SCHEMAS = {
     "loss": {"cispo": Cispo, "dapo": Dapo, "gspo": Gspo, "grpo": Grpo},
@@ -356,6 +366,7 @@ SCHEMAS = {
     "model": {"option": Model},
     "task": {"synthetic": SyntheticTask, "math": MathTask, "option": Task},
     "generator": {"mock": MockGenerator, "hf": HFGenerator, "vllm": VLLMGenerator, "option": Generator},
+    "run": {"option": Run},
     "launcher": {"option": Launcher},
     "tracking": {"option": Tracking},
     "sweep": {"option": Sweep},

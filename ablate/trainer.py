@@ -68,7 +68,13 @@ class Learner:
         warmup = max(cfg.optim.warmup_steps, 1)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
 
+    def whole_policy(self) -> torch.nn.Module | None:
+        """The policy with the current weights, whole, for the generator and validation (the trainer's own in one
+        process; FSDP: rank 0's gathered copy, None on the other ranks)."""
+        return self.ranks.gathered(self.policy)
+
     def step(self, ro: Rollouts, rewards: torch.Tensor, keep: torch.Tensor) -> dict:
+        self.ranks.lead_step(ro, rewards, keep)  # FSDP's rank 0: the other ranks take the same step
         device = next(self.policy.parameters()).device
         ro = ro.to(device)
         rewards, keep = rewards.to(device), keep.to(device)
@@ -285,9 +291,9 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
                           lr=cfg.task.warm_start_lr, batch_size=cfg.task.warm_start_batch,
                           compute_dtype=compute_dtype(cfg.model))
     prompt_filter, length_control = build(cfg.filtering), build(cfg.length_control)
-    learner = Learner(cfg, policy)
+    learner = Learner(cfg, policy, ranks=build(cfg.run))
     sampler = PromptSampler(task.size("train"), cfg.seed, prompt_filter, more=task.more_train)
-    generator = build(cfg.generator, cfg=cfg, task=task, sampler=sampler, policy=learner.policy)
+    generator = build(cfg.generator, cfg=cfg, task=task, sampler=sampler, policy=learner.whole_policy())
     checkpoint = Checkpoint(folder)
     state = RunState()
     if checkpoint.load(state, learner, sampler, generator):
@@ -295,12 +301,12 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
         # device-hours it spent after the checkpoint still count.
         last = tracker.resume()
         state.gpu_hours = max(state.gpu_hours, last.get("compute/gpu_hours", 0.0))
-        generator.reset_weights(learner.policy, state.step)
+        generator.reset_weights(learner.whole_policy(), state.step)
         tracker.set_tags({"ablate.resumed_from": str(state.step)})
         print(f"run {run_id} resumes from its step-{state.step} checkpoint", file=sys.stderr, flush=True)
     else:
         params = flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
-        tracker.log_params({**params, **generator.describe()})
+        tracker.log_params({**params, **generator.describe(), "trainer.ranks": learner.ranks.world})
     tracker.client.update_run(run_id, status="RUNNING")
     notice = PreemptionNotice()
     n_params = sum(p.numel() for p in learner.policy.parameters())
@@ -309,7 +315,7 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
     try:
         # ---- train
         if state.step == 0:
-            pass_rate = generator.validate(0.0, policy=learner.policy, step=0)
+            pass_rate = generator.validate(0.0, policy=learner.whole_policy(), step=0)
             tracker.log_metrics({"val/pass_rate": pass_rate, "compute/gpu_hours": 0.0, "compute/flops": 0.0}, step=0)
         tick = time.perf_counter()  # device time runs from here: every second of the job counts, waits included
         for step in range(state.step + 1, cfg.train.steps + 1):
@@ -330,7 +336,8 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
                 tracker.log_metrics({"train/diverged": 1.0}, step=step)
                 log.warning("run %s diverged at step %d: %s", run_id, step, err)
                 break
-            generator.publish(learner.policy, step)
+            whole = learner.whole_policy()
+            generator.publish(whole, step)
             now = time.perf_counter()
             wall, tick = now - tick, now
             state.step = step
@@ -353,7 +360,7 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
                 **generator.perf(),
             }
             if step % cfg.train.val_every == 0 or step == cfg.train.steps:
-                metrics["val/pass_rate"] = generator.validate(state.gpu_hours, policy=learner.policy, step=step)
+                metrics["val/pass_rate"] = generator.validate(state.gpu_hours, policy=whole, step=step)
             if step % cfg.train.log_every == 0 or "val/pass_rate" in metrics:
                 tracker.log_metrics(metrics, step=step)
             if step % cfg.train.checkpoint_every == 0 and step < cfg.train.steps:
