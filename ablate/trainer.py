@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import signal
 import sys
 import threading
@@ -24,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ablate.compute import StepFlops
 from ablate.config import flatten
-from ablate.parallel import OneProcess
+from ablate.parallel import SHARDS, OneProcess
 from ablate.policy import Scorer, build_policy, build_tokenizer, compute_dtype
 from ablate.registry import build
 from ablate.rl.aggregation import token_weights
@@ -254,6 +255,8 @@ class Checkpoint:
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
+        for shards in self.path.parent.glob(SHARDS.format(tag="*")):  # FSDP's learner shards (ablate/parallel.py)
+            shutil.rmtree(shards, ignore_errors=True)
 
     def load(self, state: RunState, learner: Learner, sampler: PromptSampler, generator) -> bool:
         if not self.path.exists():

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from ablate import tracking
 from conftest import run_cli
 
@@ -27,11 +29,15 @@ def _last_step(client, run_id) -> int:
     return max((m.step for m in history), default=-1)
 
 
-def test_a_killed_run_resumes_with_no_lost_or_duplicated_steps(tmp_path, mlflow_uri):
+@pytest.mark.parametrize("layout", ["one_process", "fsdp"])
+def test_a_killed_run_resumes_with_no_lost_or_duplicated_steps(layout, tmp_path, mlflow_uri):
+    """run=fsdp: 2 trainer processes under torch's launcher, the whole process group killed; the learner's state
+    comes back from its DCP shards (learner-<step>), the rest from rank 0's payload."""
     # mlflow_uri: ./mlflow.db made beforehand, so polling it never races the run's own schema migration
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    proc = subprocess.Popen([sys.executable, *RUN], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    run = [*RUN, f"run={layout}"]
+    proc = subprocess.Popen([sys.executable, *run], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
         run_id = None
@@ -44,17 +50,19 @@ def test_a_killed_run_resumes_with_no_lost_or_duplicated_steps(tmp_path, mlflow_
                 run_id = runs[0].info.run_id
                 break
         assert run_id is not None, "the run did not get far enough"
-        proc.send_signal(signal.SIGKILL)  # no chance to clean up: as a node failure or an OOM kill
+        os.killpg(proc.pid, signal.SIGKILL)  # no chance to clean up: as a node failure or an OOM kill
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
     client, _ = _variant_runs(tmp_path)
     assert client.get_run(run_id).info.status == "RUNNING"  # left as the kill found it
     killed_at = _last_step(client, run_id)
-    assert (tmp_path / "outputs" / "tiny" / "runs" / run_id / "checkpoint.pt").exists()
+    folder = tmp_path / "outputs" / "tiny" / "runs" / run_id
+    assert (folder / "checkpoint.pt").exists()
+    assert bool(list(folder.glob("learner-*"))) == (layout == "fsdp")  # the shards beside the payload
 
-    out = run_cli(*RUN, cwd=tmp_path)
+    out = run_cli(*run, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert f"resuming MLflow run {run_id}" in out.stdout
     assert f"run {run_id} resumes from its step-" in out.stderr
@@ -72,7 +80,8 @@ def test_a_killed_run_resumes_with_no_lost_or_duplicated_steps(tmp_path, mlflow_
     val_steps = sorted(m.step for m in client.get_metric_history(run_id, "val/pass_rate"))
     assert val_steps == list(range(0, 81, 5))
     assert killed_at < 80
-    assert not (tmp_path / "outputs" / "tiny" / "runs" / run_id / "checkpoint.pt").exists()
+    assert not (folder / "checkpoint.pt").exists() and not list(folder.glob("learner-*"))
+    assert client.get_run(run_id).data.params["trainer.ranks"] == str(1 + (layout == "fsdp"))
 
 
 def test_a_non_finite_loss_marks_the_run_diverged_and_stops_it_cleanly(tmp_path):

@@ -116,7 +116,7 @@ def test_single_run_is_named_after_its_recipe_and_hand_changes():
 def test_signature_is_sha256_of_the_canonical_semantic_config():
     cfg = compose([])
     container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    for key in ("name", "paths", "launcher", "tracking", "sweep", "axes", "untestable"):
+    for key in ("name", "paths", "run", "launcher", "tracking", "sweep", "axes", "untestable"):
         container.pop(key)
     expected = hashlib.sha256(json.dumps(container, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     assert signature(cfg) == expected[:12]
