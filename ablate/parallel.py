@@ -102,99 +102,14 @@ class OneProcess:
         """Before a learner step: nothing to tell (FSDP's rank 0 sends the batch to the other ranks)."""
 
 
-_LEADING = False  # set in the processes `launch` starts: rank 0 then broadcasts each collective call to the others
-
-
-def launch(cfg, fn, *args, **kwargs):
-    """Run `fn(*args, **kwargs)` (the trainer) on the layout `cfg.run` names; return what it returns.
-
-    One trainer rank: here, in this process. More: `cfg.run.trainer_gpus` processes on this machine (torch's elastic
-    launcher, as torchrun; gloo on the CPU, nccl on GPUs), rank 0 running `fn`, the others following it; unless
-    this process is already one rank of a started group (torchrun, or a SLURM task's environment), in which case
-    `fn` runs here as that rank."""
-    world = int(cfg.run.trainer_gpus)
-    if world == 1:
-        return fn(*args, **kwargs)
-    import uuid
-
-    from omegaconf import OmegaConf
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, rdzv_backend="c10d",
-                          rdzv_endpoint="localhost:0", run_id=uuid.uuid4().hex, max_restarts=0, start_method="spawn")
-    plain = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
-    results = elastic_launch(config, _rank_main)(plain, fn, args, kwargs)
-    return results[0]
-
-
-def _rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
-    """One rank of `launch`: join the group; rank 0 runs `fn` and finally releases the others; they follow."""
-    import torch.distributed as dist
-    from omegaconf import OmegaConf
-
-    global _LEADING
-    _LEADING = True
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    try:
-        if dist.get_rank() != 0:
-            return follow(OmegaConf.create(cfg))
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _broadcast(("stop", ()))
-    finally:
-        dist.destroy_process_group()
-
-
-def follow(cfg) -> None:
-    """A rank other than 0: wait for the leader's calls and make the same ones, until it says stop."""
-    from ablate.policy import build_policy, build_tokenizer
-    from ablate.trainer import Learner
-
-    ranks: FSDP | None = None
-    learner = None
-    while True:
-        name, args = _broadcast(None)
-        if name == "stop":
-            return
-        if name == "begin":  # the leader is building its learner: build ours (its weights come from rank 0's)
-            ranks = FSDP(int(cfg.run.trainer_gpus))
-            learner = Learner(cfg, build_policy(cfg.model, cfg.seed, build_tokenizer(cfg.model)), ranks=ranks)
-        elif name == "step":
-            try:
-                learner.step(*args)
-            except FloatingPointError:  # every rank sees the same non-finite loss: the leader ends the run
-                pass
-        elif name == "gather":
-            for _ in ranks.weights(learner.policy):
-                pass
-        elif name == "save":
-            ranks.save(learner, *args)
-        elif name == "load":
-            ranks.load(learner, *args)
-        else:
-            raise RuntimeError(f"unknown call from rank 0: {name!r}")
-
-
-def _broadcast(message):
-    """Rank 0's message to every rank (the others pass None and get it)."""
-    import torch.distributed as dist
-
-    box = [message]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 class FSDP:
     """Data parallel over the default process group with FSDP2 (torch.distributed.fsdp.fully_shard).
 
     Rows are dealt to the ranks by length (`_dealt`); every rank then runs as many forward/backward passes as the
     busiest one (FSDP's all-gathers and reduce-scatters pair up across ranks), a rank with fewer micro-batches
     running a pass whose loss is weighted 0. Gradients are reduce-scattered once, after the step's last pass, as a
-    sum in fp32. Needs torch.distributed initialized (torchrun, or a SLURM task's environment) with a backend for
-    the weights' device: nccl on GPUs, gloo on the CPU.
+    sum in fp32. Needs torch.distributed initialized (by `launch`, or by a test's processes) with a backend for the
+    weights' device: nccl on GPUs, gloo on the CPU.
     """
 
     ranks = (2, None)
@@ -204,7 +119,7 @@ class FSDP:
 
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("the FSDP layout needs torch.distributed initialized: its ranks are started by "
-                               "ablate.parallel.launch (or torchrun, or as the tasks of one SLURM job)")
+                               "ablate.parallel.launch (`python -m ablate run=fsdp` does)")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         if self.world != trainer_gpus:
             raise ValueError(f"run.trainer_gpus={trainer_gpus}, but {self.world} ranks were started")
@@ -213,10 +128,9 @@ class FSDP:
         self.device = torch.device("cpu")  # of the small tensors this layout reduces: the weights' device, once wrapped
 
     def wrap(self, scorer: torch.nn.Module, compute_dtype: torch.dtype) -> torch.nn.Module:
+        import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        import torch.distributed as dist
 
         self._lead("begin")
         self.device = next(scorer.parameters()).device
@@ -329,3 +243,90 @@ class FSDP:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
         return float(t.item())
+
+
+# ---- the processes of run=fsdp: started by `launch`, rank 0 leading, the others following
+
+_LEADING = False  # set in the processes `launch` starts: rank 0 then broadcasts each collective call to the others
+
+
+def launch(cfg, fn, *args, **kwargs):
+    """Run `fn(*args, **kwargs)` (the trainer) on the layout `cfg.run` names; return what it returns.
+
+    One trainer rank: here, in this process. More: `cfg.run.trainer_gpus` processes on this machine (torch's elastic
+    launcher, as torchrun; gloo on the CPU, nccl on GPUs), rank 0 running `fn`, the others following it. The job
+    itself is one process (a SLURM task, a local job): it starts the ranks, so `python -m ablate` is not to be run
+    under torchrun."""
+    world = int(cfg.run.trainer_gpus)
+    if world == 1:
+        return fn(*args, **kwargs)
+    import uuid
+
+    from omegaconf import OmegaConf
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    plain = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, rdzv_backend="c10d",
+                          rdzv_endpoint="localhost:0", run_id=uuid.uuid4().hex, max_restarts=0, start_method="spawn")
+    results = elastic_launch(config, _rank_main)(plain, fn, args, kwargs)
+    return results[0]
+
+
+def _rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
+    """One rank of `launch`: join the group; rank 0 runs `fn` and finally releases the others; they follow."""
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+
+    global _LEADING
+    _LEADING = True
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    try:
+        if dist.get_rank() != 0:
+            return follow(OmegaConf.create(cfg))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _broadcast(("stop", ()))
+    finally:
+        dist.destroy_process_group()
+
+
+def follow(cfg) -> None:
+    """A rank other than 0: wait for the leader's calls and make the same ones, until it says stop."""
+    from ablate.policy import build_policy, build_tokenizer
+    from ablate.trainer import Learner
+
+    ranks: FSDP | None = None
+    learner = None
+    while True:
+        name, args = _broadcast(None)
+        if name == "stop":
+            return
+        if name == "begin":  # the leader is building its learner: build ours (its weights come from rank 0's)
+            ranks = FSDP(int(cfg.run.trainer_gpus))
+            learner = Learner(cfg, build_policy(cfg.model, cfg.seed, build_tokenizer(cfg.model)), ranks=ranks)
+        elif name == "step":
+            try:
+                learner.step(*args)
+            except FloatingPointError:  # every rank sees the same non-finite loss: the leader ends the run
+                pass
+        elif name == "gather":
+            for _ in ranks.weights(learner.policy):
+                pass
+        elif name == "save":
+            ranks.save(learner, *args)
+        elif name == "load":
+            ranks.load(learner, *args)
+        else:
+            raise RuntimeError(f"unknown call from rank 0: {name!r}")
+
+
+def _broadcast(message):
+    """Rank 0's message to every rank (the others pass None and get it)."""
+    import torch.distributed as dist
+
+    box = [message]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
