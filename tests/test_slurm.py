@@ -63,9 +63,11 @@ def _manifest(cwd) -> dict:
     return json.loads(path.read_text())
 
 
-def test_a_loo_sweep_is_one_job_array_that_completes_into_mlflow(slurm, tmp_path):
+@pytest.mark.parametrize("layout", [[], ["run=fsdp", "launcher.gpus_per_node=2"]], ids=["one_process", "fsdp"])
+def test_a_loo_sweep_is_one_job_array_that_completes_into_mlflow(layout, slurm, tmp_path):
+    """fsdp: each variant's job starts 2 trainer ranks (torch's elastic launcher inside the job's one task, gloo)."""
     started = time.monotonic()
-    out = _ablate(tmp_path, "sweep=loo", "train.steps=10", "train.val_every=5", env=slurm.env)
+    out = _ablate(tmp_path, "sweep=loo", "train.steps=10", "train.val_every=5", *layout, env=slurm.env)
     assert out.returncode == 0, out.stderr
     assert time.monotonic() - started < 60  # returns at once, with the job ids
     manifest = _manifest(tmp_path)
@@ -82,8 +84,9 @@ def test_a_loo_sweep_is_one_job_array_that_completes_into_mlflow(slurm, tmp_path
     runs = [r for r in client.search_runs([exp]) if r.data.tags["ablate.role"] == "variant"]
     assert sorted(r.data.tags["ablate.variant"] for r in runs) == sorted(["scalerl", *PAPER_LOO])
     assert all(r.info.status == "FINISHED" for r in runs)
+    assert {r.data.params["trainer.ranks"] for r in runs} == {"2" if layout else "1"}
 
-    again = _ablate(tmp_path, "sweep=loo", "train.steps=10", "train.val_every=5", env=slurm.env)
+    again = _ablate(tmp_path, "sweep=loo", "train.steps=10", "train.val_every=5", *layout, env=slurm.env)
     assert "0 to run, 9 already FINISHED" in again.stdout  # a re-sweep submits nothing
     jobs = slurm.run("sacct", "-n", "-X", "-P", "-o", "JobID").stdout.split()
     assert len([j for j in jobs if j.split("_")[0] == manifest["jobs"][0]["job_id"].split("_")[0]]) == 9
