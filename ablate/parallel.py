@@ -32,12 +32,15 @@ is in place).
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from torch.distributed.elastic.multiprocessing.errors import record
 
 SHARDS = "learner-{tag}"  # the DCP folder of a checkpoint, beside its payload
 
@@ -263,15 +266,41 @@ def launch(cfg, fn, *args, **kwargs):
     import uuid
 
     from omegaconf import OmegaConf
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     plain = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, rdzv_backend="c10d",
                           rdzv_endpoint="localhost:0", run_id=uuid.uuid4().hex, max_restarts=0, start_method="spawn")
-    results = elastic_launch(config, _rank_main)(plain, fn, args, kwargs)
+    # the launcher's notes on starting and stopping its workers (each of its modules has a logger with its own level)
+    quiet = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+             if name.startswith("torch.distributed.elastic")]
+    levels = [log.level for log in quiet]
+    for log in quiet:
+        log.setLevel(logging.ERROR)
+    cpp_log = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    os.environ["TORCH_CPP_LOG_LEVEL"] = cpp_log or "ERROR"  # the ranks: no warnings of collectives a Ctrl-C cut off
+    try:
+        results = elastic_launch(config, _rank_main)(plain, fn, args, kwargs)
+    except SignalException as err:  # Ctrl-C reached the launcher: it stopped the ranks (rank 0 closed its run)
+        if err.sigval == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        raise
+    except ChildFailedError as err:  # one line: which rank, and its error
+        rank, failure = err.get_first_failure()
+        message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
+        raise RuntimeError(f"trainer rank {rank} failed: {str(message).strip().splitlines()[-1] if message else '?'}"
+                           f" (its log: {failure.error_file or 'above'})") from None
+    finally:
+        for log, level in zip(quiet, levels):
+            log.setLevel(level)
+        if cpp_log is None:
+            os.environ.pop("TORCH_CPP_LOG_LEVEL")
     return results[0]
 
 
+@record  # a rank's error goes to a file its launcher reads: the one line `launch` raises names it
 def _rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
     """One rank of `launch`: join the group; rank 0 runs `fn` and finally releases the others; they follow."""
     import torch.distributed as dist

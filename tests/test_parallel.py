@@ -10,6 +10,11 @@ with bf16 compute.
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -241,3 +246,51 @@ def test_a_two_rank_fsdp_run_reproduces_the_one_process_run(tmp_path):
         assert [s for s, _ in fsdp[key]] == [s for s, _ in one[key]], key
         for (_, a), (_, b) in zip(fsdp[key], one[key]):
             assert a == pytest.approx(b, rel=1e-4, abs=1e-6), key
+
+
+def test_a_rank_that_fails_is_named_in_one_line_and_its_run_is_failed(tmp_path):
+    out = run_cli("-m", "ablate", "run=fsdp", "generator=mock", "generator.crash_at_step=2", "train.steps=5",
+                  cwd=tmp_path)
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: trainer rank 0 failed: RuntimeError: the simulated job crashes at step 2"), last
+    client = tracking.client(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("tiny-dryrun").experiment_id])
+    assert run.info.status == "FAILED"
+
+
+def test_ctrl_c_on_a_two_rank_run_prints_one_line_and_leaves_no_rank_behind(tmp_path):
+    """Ctrl-C reaches the launcher, which stops the ranks; rank 0 closes its run as KILLED; no traceback, no
+    warnings of cut-off collectives, no process left."""
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.Popen([sys.executable, "-m", "ablate", "run=fsdp", "generator=mock", "train.steps=100000"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        client, run = None, None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and run is None:
+            time.sleep(1.0)
+            if (tmp_path / "mlflow.db").exists():
+                client = tracking.client(f"sqlite:///{tmp_path / 'mlflow.db'}")
+                exp = client.get_experiment_by_name("tiny-dryrun")
+                runs = [] if exp is None else client.search_runs([exp.experiment_id])
+                if runs and client.get_metric_history(runs[0].info.run_id, "loss/policy"):
+                    run = runs[0]  # the ranks are training
+        assert run is not None, "the run did not start training"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130
+    assert err.strip().splitlines()[-1] == "interrupted"
+    assert "Traceback" not in err and "unwaited collective" not in err
+    assert client.get_run(run.info.run_id).info.status == "KILLED"
+    left = []
+    for _ in range(20):  # the launcher has stopped its ranks; the spawn start method's helpers go a moment later
+        left = subprocess.run(["pgrep", "-a", "-s", str(proc.pid)], capture_output=True, text=True).stdout.splitlines()
+        if not left:
+            break
+        time.sleep(0.5)
+    assert not left, f"processes left in the session: {left}"
