@@ -279,6 +279,19 @@ def launch(cfg, fn, *args, **kwargs):
     levels = [log.level for log in quiet]
     for log in quiet:
         log.setLevel(logging.ERROR)
+    # SLURM's warning (USR2, before a time limit or a preemption) is rank 0's to act on: at the end of its step it
+    # checkpoints (every rank writes its shards) and stops; then this process hands the warning to the handler it
+    # displaced (submitit's: requeue the job). Here it is only noted, and passed on to the ranks once (SLURM may
+    # have signalled them too: rank 0 holds it either way, the others ignore it).
+    warned: list[int] = []
+
+    def note_warning(signum, frame) -> None:
+        if not warned:
+            warned.append(signum)
+            for pid in _ranks_started_here():
+                os.kill(pid, signal.SIGUSR2)
+
+    displaced = signal.signal(signal.SIGUSR2, note_warning)
     cpp_log = os.environ.get("TORCH_CPP_LOG_LEVEL")
     os.environ["TORCH_CPP_LOG_LEVEL"] = cpp_log or "ERROR"  # the ranks: no warnings of collectives a Ctrl-C cut off
     try:
@@ -297,6 +310,11 @@ def launch(cfg, fn, *args, **kwargs):
             log.setLevel(level)
         if cpp_log is None:
             os.environ.pop("TORCH_CPP_LOG_LEVEL")
+        signal.signal(signal.SIGUSR2, displaced)
+    if warned and results[0] is None:  # rank 0 stopped at the warning, its checkpoint written: requeue
+        if callable(displaced):
+            displaced(signal.SIGUSR2, None)  # submitit: requeue, then SystemExit
+        raise KeyboardInterrupt("SIGUSR2 with no handler to requeue the job")
     return results[0]
 
 
@@ -313,13 +331,35 @@ def _rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     try:
         if dist.get_rank() != 0:
+            signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # the warning is rank 0's (`launch`)
             return follow(OmegaConf.create(cfg))
+        # what the trainer hands the warning to once it has checkpointed: the end of this rank (the launcher's
+        # process requeues the job)
+        signal.signal(signal.SIGUSR2, _stop_for_requeue)
         try:
             return fn(*args, **kwargs)
         finally:
             _broadcast(("stop", ()))
     finally:
         dist.destroy_process_group()
+
+
+def _ranks_started_here() -> list[int]:
+    """The rank processes this process started (the spawn start method's children; /proc, as on a SLURM node)."""
+    me, ranks = str(os.getpid()), []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "stat").read_text().rsplit(")", 1)[1].split()[1] == me:
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+                if b"multiprocessing.spawn" in command and b"resource_tracker" not in command:
+                    ranks.append(int(entry.name))
+        except OSError:  # gone meanwhile
+            continue
+    return ranks
+
+
+def _stop_for_requeue(signum, frame) -> None:
+    raise SystemExit(0)  # the trainer keeps the run RUNNING; `launch` sees rank 0 end with nothing and requeues
 
 
 def follow(cfg) -> None:

@@ -259,7 +259,7 @@ def test_a_rank_that_fails_is_named_in_one_line_and_its_run_is_failed(tmp_path):
     assert run.info.status == "FAILED"
 
 
-def test_ctrl_c_on_a_two_rank_run_prints_one_line_and_leaves_no_rank_behind(tmp_path):
+def test_ctrl_c_on_a_two_rank_run_prints_one_line_and_leaves_no_rank_behind(tmp_path, mlflow_uri):
     """Ctrl-C reaches the launcher, which stops the ranks; rank 0 closes its run as KILLED; no traceback, no
     warnings of cut-off collectives, no process left."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
@@ -294,3 +294,38 @@ def test_ctrl_c_on_a_two_rank_run_prints_one_line_and_leaves_no_rank_behind(tmp_
             break
         time.sleep(0.5)
     assert not left, f"processes left in the session: {left}"
+
+
+def test_the_warning_signal_checkpoints_both_ranks_at_the_end_of_the_step(tmp_path, mlflow_uri):
+    """SLURM's USR2 to the job's process (here by hand, no SLURM): it passes the warning to rank 0, which ends its
+    step, checkpoints (the payload and both ranks' shards) and stops with the run still RUNNING; with no requeue
+    handler (submitit's, on SLURM) the command then ends as interrupted. The resume itself: test_resume."""
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.Popen([sys.executable, "-m", "ablate", "run=fsdp", "generator=mock", "train.steps=100000",
+                             "train.checkpoint_every=100000"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        client, run = None, None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and run is None:
+            time.sleep(1.0)
+            if (tmp_path / "mlflow.db").exists():
+                client = tracking.client(f"sqlite:///{tmp_path / 'mlflow.db'}")
+                exp = client.get_experiment_by_name("tiny-dryrun")
+                runs = [] if exp is None else client.search_runs([exp.experiment_id])
+                if runs and client.get_metric_history(runs[0].info.run_id, "loss/policy"):
+                    run = runs[0]
+        assert run is not None, "the run did not start training"
+        proc.send_signal(signal.SIGUSR2)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted", err[-2000:]
+    finished = client.get_run(run.info.run_id)
+    assert finished.info.status == "RUNNING"  # to be resumed
+    step = int(finished.data.tags["ablate.requeued_at"])
+    folder = tmp_path / "outputs" / "tiny" / "runs" / run.info.run_id
+    assert (folder / "checkpoint.pt").exists() and [p.name for p in folder.glob("learner-*")] == [f"learner-{step}"]
+    last = max(m.step for m in client.get_metric_history(run.info.run_id, "compute/gpu_hours"))
+    assert last == step  # stopped at the end of the step it checkpointed

@@ -176,12 +176,19 @@ def test_a_cancelled_sweep_resumes_when_run_again(slurm, tmp_path):
     assert int(client.get_run(run_id).data.tags["ablate.resumed_from"]) >= 20
 
 
-def test_a_warned_job_checkpoints_at_the_warning_requeues_itself_and_finishes(slurm, tmp_path):
+FSDP_JOB = pytest.param(["run=fsdp", "launcher.gpus_per_node=2"], marks=pytest.mark.slow)  # 104 s here
+
+
+@pytest.mark.parametrize("layout", [[], FSDP_JOB], ids=["one_process", "fsdp"])
+def test_a_warned_job_checkpoints_at_the_warning_requeues_itself_and_finishes(layout, slurm, tmp_path):
     # The warning SLURM sends before a time limit or a preemption (USR2, `--signal=USR2@<signal_delay_s>` in the
     # job's script), sent here by hand at a known step: the run checkpoints at the end of that step (no periodic
-    # checkpoint to fall back on), submitit requeues the job, and the next job resumes exactly there
+    # checkpoint to fall back on), submitit requeues the job, and the next job resumes exactly there. fsdp (-m slow;
+    # its warning path without SLURM is in the default suite, tests/test_parallel.py): the job's process notes the
+    # warning and passes it to rank 0, which checkpoints (both ranks write their shards) and stops; then the job's
+    # process requeues
     out = _ablate(tmp_path, "sweep=recipes", "sweep.recipes=[scalerl]", "train.steps=400",
-                  "train.checkpoint_every=100000", "train.val_every=5", "launcher.signal_delay_s=90",
+                  "train.checkpoint_every=100000", "train.val_every=5", "launcher.signal_delay_s=90", *layout,
                   env=slurm.env)
     assert out.returncode == 0, out.stderr
     job = _manifest(tmp_path)["jobs"][0]["job_id"]
@@ -195,6 +202,7 @@ def test_a_warned_job_checkpoints_at_the_warning_requeues_itself_and_finishes(sl
     _assert_complete(client, run_id, 400)
     tags = client.get_run(run_id).data.tags
     assert int(tags["ablate.resumed_from"]) == int(tags["ablate.requeued_at"]) >= 45  # saved at the warning
+    assert client.get_run(run_id).data.params["trainer.ranks"] == ("2" if layout else "1")
 
 
 @pytest.mark.slow
