@@ -259,37 +259,43 @@ def test_a_rank_that_fails_is_named_in_one_line_and_its_run_is_failed(tmp_path):
     assert run.info.status == "FAILED"
 
 
-def test_ctrl_c_on_a_two_rank_run_prints_one_line_and_leaves_no_rank_behind(tmp_path, mlflow_uri):
-    """Ctrl-C reaches the launcher, which stops the ranks; rank 0 closes its run as KILLED; no traceback, no
-    warnings of cut-off collectives, no process left."""
+def _signalled(folder, signum: int, *overrides: str):
+    """Start `python -m ablate run=fsdp generator=mock` in `folder`, send `signum` once its ranks have taken a learner
+    step, and wait for it: (client, run, return code, stderr, its pid). The test's ./mlflow.db is made beforehand
+    (the mlflow_uri fixture), so polling it never races the run's own schema migration."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    proc = subprocess.Popen([sys.executable, "-m", "ablate", "run=fsdp", "generator=mock", "train.steps=100000"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", "ablate", "run=fsdp", "generator=mock", "train.steps=100000",
+                             *overrides], cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
     try:
-        client, run = None, None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and run is None:
+        deadline, run = time.monotonic() + 120, None
+        while run is None:
+            assert time.monotonic() < deadline, "the run did not start training"
             time.sleep(1.0)
-            if (tmp_path / "mlflow.db").exists():
-                client = tracking.client(f"sqlite:///{tmp_path / 'mlflow.db'}")
-                exp = client.get_experiment_by_name("tiny-dryrun")
-                runs = [] if exp is None else client.search_runs([exp.experiment_id])
-                if runs and client.get_metric_history(runs[0].info.run_id, "loss/policy"):
-                    run = runs[0]  # the ranks are training
-        assert run is not None, "the run did not start training"
-        proc.send_signal(signal.SIGINT)
+            client = tracking.client(f"sqlite:///{folder / 'mlflow.db'}")
+            exp = client.get_experiment_by_name("tiny-dryrun")
+            runs = [] if exp is None else client.search_runs([exp.experiment_id])
+            if runs and client.get_metric_history(runs[0].info.run_id, "loss/policy"):
+                run = runs[0]
+        proc.send_signal(signum)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130
+    return client, run, proc.returncode, err, proc.pid
+
+
+def test_ctrl_c_on_a_two_rank_run_prints_one_line_and_leaves_no_rank_behind(tmp_path, mlflow_uri):
+    """Ctrl-C reaches the launcher, which stops the ranks; rank 0 closes its run as KILLED; no traceback, no
+    warnings of cut-off collectives, no process left."""
+    client, run, code, err, pid = _signalled(tmp_path, signal.SIGINT)
+    assert code == 130
     assert err.strip().splitlines()[-1] == "interrupted"
     assert "Traceback" not in err and "unwaited collective" not in err
     assert client.get_run(run.info.run_id).info.status == "KILLED"
     left = []
     for _ in range(20):  # the launcher has stopped its ranks; the spawn start method's helpers go a moment later
-        left = subprocess.run(["pgrep", "-a", "-s", str(proc.pid)], capture_output=True, text=True).stdout.splitlines()
+        left = subprocess.run(["pgrep", "-a", "-s", str(pid)], capture_output=True, text=True).stdout.splitlines()
         if not left:
             break
         time.sleep(0.5)
@@ -300,28 +306,8 @@ def test_the_warning_signal_checkpoints_both_ranks_at_the_end_of_the_step(tmp_pa
     """SLURM's USR2 to the job's process (here by hand, no SLURM): it passes the warning to rank 0, which ends its
     step, checkpoints (the payload and both ranks' shards) and stops with the run still RUNNING; with no requeue
     handler (submitit's, on SLURM) the command then ends as interrupted. The resume itself: test_resume."""
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    proc = subprocess.Popen([sys.executable, "-m", "ablate", "run=fsdp", "generator=mock", "train.steps=100000",
-                             "train.checkpoint_every=100000"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        client, run = None, None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and run is None:
-            time.sleep(1.0)
-            if (tmp_path / "mlflow.db").exists():
-                client = tracking.client(f"sqlite:///{tmp_path / 'mlflow.db'}")
-                exp = client.get_experiment_by_name("tiny-dryrun")
-                runs = [] if exp is None else client.search_runs([exp.experiment_id])
-                if runs and client.get_metric_history(runs[0].info.run_id, "loss/policy"):
-                    run = runs[0]
-        assert run is not None, "the run did not start training"
-        proc.send_signal(signal.SIGUSR2)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted", err[-2000:]
+    client, run, code, err, _ = _signalled(tmp_path, signal.SIGUSR2, "train.checkpoint_every=100000")
+    assert code == 130 and err.strip().splitlines()[-1] == "interrupted", err[-2000:]
     finished = client.get_run(run.info.run_id)
     assert finished.info.status == "RUNNING"  # to be resumed
     step = int(finished.data.tags["ablate.requeued_at"])

@@ -63,9 +63,13 @@ def _manifest(cwd) -> dict:
     return json.loads(path.read_text())
 
 
-@pytest.mark.parametrize("layout", [[], ["run=fsdp", "launcher.gpus_per_node=2"]], ids=["one_process", "fsdp"])
+FSDP_SWEEP = pytest.param(["run=fsdp", "launcher.gpus_per_node=2"], marks=pytest.mark.slow)  # 128 s here
+
+
+@pytest.mark.parametrize("layout", [[], FSDP_SWEEP], ids=["one_process", "fsdp"])
 def test_a_loo_sweep_is_one_job_array_that_completes_into_mlflow(layout, slurm, tmp_path):
-    """fsdp: each variant's job starts 2 trainer ranks (torch's elastic launcher inside the job's one task, gloo)."""
+    """fsdp (-m slow; the 2-rank runs themselves are in the default suite, tests/test_parallel.py and test_resume.py):
+    each variant's job starts 2 trainer ranks (torch's elastic launcher inside the job's one task, gloo)."""
     started = time.monotonic()
     out = _ablate(tmp_path, "sweep=loo", "train.steps=10", "train.val_every=5", *layout, env=slurm.env)
     assert out.returncode == 0, out.stderr
