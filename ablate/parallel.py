@@ -332,14 +332,22 @@ def _rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
     try:
         if dist.get_rank() != 0:
             signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # the warning is rank 0's (`launch`)
-            return follow(OmegaConf.create(cfg))
-        # what the trainer hands the warning to once it has checkpointed: the end of this rank (the launcher's
-        # process requeues the job)
-        signal.signal(signal.SIGUSR2, _stop_for_requeue)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _broadcast(("stop", ()))
+            result = follow(OmegaConf.create(cfg))
+        else:
+            # what the trainer hands the warning to once it has checkpointed: the end of this rank (the launcher's
+            # process requeues the job)
+            signal.signal(signal.SIGUSR2, _stop_for_requeue)
+            try:
+                result = fn(*args, **kwargs)
+            except SystemExit as stop:  # stopped at SLURM's warning (`_stop_for_requeue`): an end like any other
+                if stop.code not in (0, None):
+                    raise
+                result = None
+            finally:
+                _broadcast(("stop", ()))
+        dist.barrier()  # no rank tears the group down while another may still be in it (a failed rank's launcher
+        # stops the others instead)
+        return result
     finally:
         dist.destroy_process_group()
 

@@ -126,6 +126,7 @@ def _rank(rank: int, init_file: str, configs: list, out: str) -> None:
         synced = _synced(OmegaConf.create(configs[0]), ranks)
         if rank == 0:
             torch.save({"steps": results, "resumed": resumed, "synced": synced}, out)
+        dist.barrier()  # neither rank tears the group down while the other may still be in it (seen once: SIGABRT)
     finally:
         dist.destroy_process_group()
 
