@@ -64,7 +64,7 @@ class OneProcess:
     def __init__(self, **_: object) -> None:
         pass
 
-    def wrap(self, scorer: torch.nn.Module, compute_dtype: torch.dtype) -> torch.nn.Module:
+    def wrap(self, scorer: torch.nn.Module) -> torch.nn.Module:
         return scorer
 
     def share(self, lengths: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
@@ -130,7 +130,7 @@ class FSDP:
         self.full: torch.nn.Module | None = None  # rank 0's unsharded copy, for the generator (`gathered`)
         self.device = torch.device("cpu")  # of the small tensors this layout reduces: the weights' device, once wrapped
 
-    def wrap(self, scorer: torch.nn.Module, compute_dtype: torch.dtype) -> torch.nn.Module:
+    def wrap(self, scorer: torch.nn.Module) -> torch.nn.Module:
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -143,7 +143,7 @@ class FSDP:
         if self.rank == 0:
             self.full = copy.deepcopy(scorer.model)
         mesh = init_device_mesh(self.device.type, (self.world,))
-        gathered = None if compute_dtype == torch.float32 else compute_dtype
+        gathered = None if scorer.compute_dtype == torch.float32 else scorer.compute_dtype
         layers = MixedPrecisionPolicy(param_dtype=gathered, reduce_dtype=torch.float32)
         groups = [fully_shard(layer, mesh=mesh, mp_policy=layers) for layer in scorer.model.get_decoder().layers]
         groups.append(fully_shard(scorer, mesh=mesh, mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.float32)))
@@ -390,8 +390,7 @@ def follow(cfg) -> None:
             except FloatingPointError:  # every rank sees the same non-finite loss: the leader ends the run
                 pass
         elif name == "gather":
-            for _ in ranks.weights(learner.policy):
-                pass
+            ranks.gathered(learner.policy)
         elif name == "save":
             ranks.save(learner, *args)
         elif name == "load":

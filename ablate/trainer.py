@@ -62,7 +62,7 @@ class Learner:
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         scorer = Scorer(self.policy, build(cfg.precision), float(cfg.generation.temperature),
                         compute_dtype(cfg.model))
-        self.scorer = self.ranks.wrap(scorer, scorer.compute_dtype)
+        self.scorer = self.ranks.wrap(scorer)
         self.optimizer = torch.optim.AdamW(self.scorer.parameters(), lr=cfg.optim.lr, eps=cfg.optim.eps,
                                            betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay,
                                            fused=True)

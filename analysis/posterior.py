@@ -177,7 +177,7 @@ def _least_squares(log_c, r, R0, box, A_fixed, start=None):
     return x, jac, resid
 
 
-def _pull_in_outliers(log_c, r, R0, box, A_fixed, start) -> tuple[np.ndarray, int]:
+def _pull_in_outliers(log_c, r, R0, box, A_fixed, start) -> tuple[np.ndarray, int, tuple]:
     """Huber's pseudo-observations: a point further than OUTLIER_SD robust sd from the least-squares curve is moved
     to that distance from it, and the fit is made again, until the pulled points settle (at most OUTLIER_ROUNDS).
 
@@ -189,9 +189,9 @@ def _pull_in_outliers(log_c, r, R0, box, A_fixed, start) -> tuple[np.ndarray, in
     near-noiseless curve has nothing to pull in). Gaussian noise has 0.27% of its points beyond 3 sd: a clean curve
     is fitted as before. Returns the points to fit, how many were pulled in, and their least-squares fit."""
     fit = _least_squares(log_c, r, R0, box, A_fixed, start=start)
-    pulled_r, pulled = r, 0
     if r.size < OUTLIER_MIN_POINTS:
         return r, 0, fit
+    pulled_r, pulled = r, 0
     for _ in range(OUTLIER_ROUNDS):
         curve = pulled_r + fit[2]  # residuals are model - data
         e = r - curve
