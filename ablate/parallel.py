@@ -263,6 +263,11 @@ def launch(cfg, fn, *args, **kwargs):
     world = int(cfg.run.trainer_gpus)
     if world == 1:
         return fn(*args, **kwargs)
+    from ablate.policy import device_of
+
+    if device_of(cfg.model).type == "cuda" and world > torch.cuda.device_count():
+        raise ValueError(f"run.trainer_gpus={world}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                         "one per trainer rank (model.device=cpu runs the ranks on the CPU)")
     import uuid
 
     from omegaconf import OmegaConf
@@ -326,9 +331,12 @@ def _rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
 
     global _LEADING
     _LEADING = True
-    if torch.cuda.is_available():
+    from ablate.policy import device_of
+
+    on_gpu = device_of(OmegaConf.create(cfg["model"])).type == "cuda"  # the weights' device decides, not the machine
+    if on_gpu:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    dist.init_process_group("nccl" if on_gpu else "gloo")
     try:
         if dist.get_rank() != 0:
             signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # the warning is rank 0's (`launch`)

@@ -354,7 +354,9 @@ def test_unreachable_server_fails_fast():
 
 
 def _run_python(args, cwd):
-    env = dict(os.environ, PYTHONPATH=str(REPO), MLFLOW_TRACKING_URI="")
+    # the source tree first; what PYTHONPATH held stays after it (where the dependencies are installed by path)
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=path, MLFLOW_TRACKING_URI="")
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 

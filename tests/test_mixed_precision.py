@@ -60,9 +60,10 @@ def test_the_decoder_computes_in_bf16_and_the_head_in_the_precision_options_dtyp
     model = build_policy(cfg.model, 0)
     seen = []
     model.get_decoder().layers[0].self_attn.q_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
-    prompt, tokens = torch.randint(3, 50, (2, 4)), torch.randint(3, 50, (2, 5))
-    ones = torch.ones(2, 4, dtype=torch.bool)
-    logp = completion_logprobs(model, prompt, ones, tokens, torch.tensor([5, 3]), precision.fp32_head,
+    dev = model.device  # cuda where there is one: the inputs go where the model is, as the trainer's do
+    prompt, tokens = torch.randint(3, 50, (2, 4), device=dev), torch.randint(3, 50, (2, 5), device=dev)
+    ones = torch.ones(2, 4, dtype=torch.bool, device=dev)
+    logp = completion_logprobs(model, prompt, ones, tokens, torch.tensor([5, 3], device=dev), precision.fp32_head,
                                compute_dtype=torch.bfloat16)
     assert seen == [torch.bfloat16] and logp.dtype == torch.float32
     # The head ignores autocast: inside it, the fp32 head still gives fp32 logits (autocast would round them).

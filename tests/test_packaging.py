@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -23,7 +24,8 @@ def test_a_built_wheel_carries_the_config_tree_and_runs_from_it(tmp_path: Path):
     assert "ablate/tasks/data/math_sample.jsonl" in names  # task=math's sample
 
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
-    env = {"PYTHONPATH": str(tmp_path / "site")}  # before the editable install on sys.path
+    # before the editable install on sys.path (and before any PYTHONPATH the dependencies are installed on)
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")]))}
     where = run_cli("-c", "import ablate.conf; print(ablate.conf.__file__)", cwd=tmp_path, env=env)
     assert where.stdout.strip().startswith(str(tmp_path / "site")), where
     out = run_cli("-m", "ablate", "sweep=loo", "sweep.dry_run=true", cwd=tmp_path, env=env)

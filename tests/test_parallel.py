@@ -21,7 +21,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from ablate import tracking
+from ablate import parallel, tracking
 from ablate.config import compose
 from ablate.generators.engine import Engine, Limits
 from ablate.parallel import OneProcess, _dealt
@@ -37,8 +37,9 @@ WORLD = 2
 
 def _config(*overrides: str):
     # prompt_mean + batch normalization (ScaleRL's): neither is a rank-local average
-    return OmegaConf.to_container(compose(["generator=mock", "train.micro_batch_size=3", *overrides]), resolve=True,
-                                  enum_to_str=True)
+    # model.device=cpu: gloo ranks on the CPU, on a GPU machine too
+    return OmegaConf.to_container(compose(["generator=mock", "train.micro_batch_size=3", "model.device=cpu",
+                                           *overrides]), resolve=True, enum_to_str=True)
 
 
 def _batch(cfg, prompts=range(4)):
@@ -224,6 +225,18 @@ def test_an_engine_refuses_weights_that_miss_a_tensor():
         engine.load(iter(pairs), version=1)
 
 
+def test_gpu_ranks_beyond_the_machines_cuda_devices_are_one_clear_error(monkeypatch):
+    """run=fsdp on GPUs takes one CUDA device per rank (two NCCL ranks on one GPU crash): too few is an error that
+    names both numbers, raised before any rank starts."""
+    cfg = OmegaConf.create(_config("run=fsdp", "run.trainer_gpus=2"))
+    cfg.model.device = "cuda"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    started = []
+    with pytest.raises(ValueError, match=r"run.trainer_gpus=2: this machine has 1 CUDA device\(s\)"):
+        parallel.launch(cfg, started.append, "trainer")
+    assert started == []
+
+
 def test_a_two_rank_fsdp_run_reproduces_the_one_process_run(tmp_path):
     """`python -m ablate run=fsdp` (2 trainer processes, gloo) against `python -m ablate` on the same config: the
     deterministic schedule's rollouts, losses and validation curve agree (to 1e-4; measured: equal to 6 decimals),
@@ -233,7 +246,7 @@ def test_a_two_rank_fsdp_run_reproduces_the_one_process_run(tmp_path):
     for layout in ("one_process", "fsdp"):
         folder = tmp_path / layout
         folder.mkdir()
-        out = run_cli("-m", "ablate", f"run={layout}", *short, cwd=folder)
+        out = run_cli("-m", "ablate", f"run={layout}", "model.device=cpu", *short, cwd=folder)
         assert out.returncode == 0, out.stderr[-3000:]
         client = tracking.client(f"sqlite:///{folder / 'mlflow.db'}")
         (run,) = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
@@ -250,7 +263,7 @@ def test_a_two_rank_fsdp_run_reproduces_the_one_process_run(tmp_path):
 
 
 def test_a_rank_that_fails_is_named_in_one_line_and_its_run_is_failed(tmp_path):
-    out = run_cli("-m", "ablate", "run=fsdp", "generator=mock", "generator.crash_at_step=2", "train.steps=5",
+    out = run_cli("-m", "ablate", "run=fsdp", "model.device=cpu", "generator=mock", "generator.crash_at_step=2", "train.steps=5",
                   cwd=tmp_path)
     assert out.returncode != 0
     last = out.stderr.strip().splitlines()[-1]
@@ -265,7 +278,7 @@ def _signalled(folder, signum: int, *overrides: str):
     step, and wait for it: (client, run, return code, stderr, its pid). The test's ./mlflow.db is made beforehand
     (the mlflow_uri fixture), so polling it never races the run's own schema migration."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    proc = subprocess.Popen([sys.executable, "-m", "ablate", "run=fsdp", "generator=mock", "train.steps=100000",
+    proc = subprocess.Popen([sys.executable, "-m", "ablate", "run=fsdp", "model.device=cpu", "generator=mock", "train.steps=100000",
                              *overrides], cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:

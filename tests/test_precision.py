@@ -61,11 +61,12 @@ def test_log_probs_of_a_transformers_causal_lm_match_its_own_logits():
     model = build_policy(model_cfg, seed=0)
     assert isinstance(model, transformers.PreTrainedModel)
     torch.manual_seed(0)
-    prompt = torch.randint(3, 97, (3, 5))
-    prompt_mask = torch.ones(3, 5, dtype=torch.bool)
+    dev = model.device  # cuda where there is one: the inputs go where the model is, as the trainer's do
+    prompt = torch.randint(3, 97, (3, 5)).to(dev)
+    prompt_mask = torch.ones(3, 5, dtype=torch.bool, device=dev)
     prompt_mask[1, :2] = False  # left padding
-    tokens = torch.randint(3, 97, (3, 4))
-    lengths = torch.tensor([4, 2, 3])
+    tokens = torch.randint(3, 97, (3, 4)).to(dev)
+    lengths = torch.tensor([4, 2, 3], device=dev)
     logp = completion_logprobs(model, prompt, prompt_mask, tokens, lengths, precision.fp32_head)
     for i in range(3):  # each row alone, unpadded, through the model's own forward and logits
         ids = torch.cat([prompt[i][prompt_mask[i]], tokens[i, :lengths[i]]])[None]

@@ -35,7 +35,7 @@ def test_a_killed_run_resumes_with_no_lost_or_duplicated_steps(layout, tmp_path,
     comes back from its DCP shards (learner-<step>), the rest from rank 0's payload."""
     # mlflow_uri: ./mlflow.db made beforehand, so polling it never races the run's own schema migration
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    run = [*RUN, f"run={layout}"]
+    run = [*RUN, f"run={layout}", *(["model.device=cpu"] if layout == "fsdp" else [])]  # gloo ranks, GPU or not
     proc = subprocess.Popen([sys.executable, *run], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
