@@ -87,6 +87,12 @@ class InProcessWeightTransferEngine(WeightTransferEngine[InProcessInitInfo, InPr
     def shutdown(self) -> None:
         pass
 
+    @staticmethod
+    def trainer_send_weights(iterator, trainer_args: dict[str, Any]) -> None:
+        """vLLM 0.26's trainer-side entry (abstract there; 0.32 moved it to `TrainerWeightTransferEngine`): the
+        (name, tensor) pairs through the `InProcessSender` in `trainer_args["sender"]`."""
+        trainer_args["sender"].send_weights(dict(iterator))
+
 
 def register() -> None:
     """Make `ablate_inproc` a backend vLLM's worker can create (idempotent; before the engine starts)."""
