@@ -151,19 +151,27 @@ def check_run(cfg: DictConfig) -> None:
     from hydra.utils import get_object
 
     run, launcher = cfg.run, cfg.launcher
-    n = int(run.trainer_gpus)
+    n, g = int(run.trainer_gpus), int(run.get("generator_gpus", 0))
     least, most = getattr(get_object(run._target_), "ranks", (1, None))
     if n < least or (most is not None and n > most):
         holds = f"exactly {least}" if least == most else f"at least {least}"
         raise ValueError(f"run={run.name} with run.trainer_gpus={n}: this layout takes {holds} trainer rank"
                          f"{'s' if least > 1 else ''}" + (" (one rank is run=one_process)" if least > 1 else
                                                            " (more are run=fsdp)"))
+    if g < 0 or g > 1:
+        raise ValueError(f"run.generator_gpus={g}: 0 (the engine in trainer rank 0's process) or 1 (one engine "
+                         "process; data parallel over several engines is not built yet)")
+    if g and not getattr(get_object(cfg.generator._target_), "engine_process", False):
+        raise ValueError(f"run.generator_gpus={g}: generator={cfg.generator.name} has no engine that runs in a "
+                         "process of its own (generator=hf has)")
     if launcher.gpus_per_node > 0:
-        held = int(launcher.nodes) * int(launcher.gpus_per_node)
-        if n > held:
-            raise ValueError(f"run.trainer_gpus={n} does not fit the job: launcher.nodes={launcher.nodes} x "
+        held, layout = int(launcher.nodes) * int(launcher.gpus_per_node), f"run.trainer_gpus={n}"
+        if g:
+            layout += f" + run.generator_gpus={g}"
+        if n + g > held:
+            raise ValueError(f"{layout} does not fit the job: launcher.nodes={launcher.nodes} x "
                              f"launcher.gpus_per_node={launcher.gpus_per_node} = {held} GPUs")
-        if n > int(launcher.gpus_per_node):
-            raise ValueError(f"run.trainer_gpus={n} spans more than one node of launcher.gpus_per_node="
-                             f"{launcher.gpus_per_node}: the trainer ranks start on one node (multi-node jobs are "
+        if n + g > int(launcher.gpus_per_node):
+            raise ValueError(f"{layout} spans more than one node of launcher.gpus_per_node="
+                             f"{launcher.gpus_per_node}: a run's processes start on one node (multi-node jobs are "
                              "not built yet)")

@@ -123,7 +123,8 @@ class FSDP:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("the FSDP layout needs torch.distributed initialized: its ranks are started by "
                                "ablate.parallel.launch (`python -m ablate run=fsdp` does)")
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.group = trainer_group()
+        self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
         if self.world != trainer_gpus:
             raise ValueError(f"run.trainer_gpus={trainer_gpus}, but {self.world} ranks were started")
         self.leads = _LEADING and self.rank == 0
@@ -132,17 +133,17 @@ class FSDP:
 
     def wrap(self, scorer: torch.nn.Module) -> torch.nn.Module:
         import torch.distributed as dist
-        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         self._lead("begin")
         self.device = next(scorer.parameters()).device
         with torch.no_grad():  # every rank starts from rank 0's weights (its warm start, or its checkpoint's)
             for tensor in scorer.state_dict().values():
-                dist.broadcast(tensor, src=0)
+                dist.broadcast(tensor, src=0, group=self.group)
         if self.rank == 0:
             self.full = copy.deepcopy(scorer.model)
-        mesh = init_device_mesh(self.device.type, (self.world,))
+        mesh = DeviceMesh.from_group(self.group, self.device.type)  # the trainer ranks (engine processes apart)
         gathered = None if scorer.compute_dtype == torch.float32 else scorer.compute_dtype
         layers = MixedPrecisionPolicy(param_dtype=gathered, reduce_dtype=torch.float32)
         groups = [fully_shard(layer, mesh=mesh, mp_policy=layers) for layer in scorer.model.get_decoder().layers]
@@ -194,14 +195,14 @@ class FSDP:
         staged, final = folder / f"{name}.partial", folder / name
         if self.rank == 0:
             shutil.rmtree(staged, ignore_errors=True)
-        dist.barrier()
+        dist.barrier(group=self.group)
         model, optim = get_state_dict(learner.scorer, learner.optimizer)
-        dcp.save({"model": model, "optim": optim}, checkpoint_id=staged)
-        dist.barrier()
+        dcp.save({"model": model, "optim": optim}, checkpoint_id=staged, process_group=self.group)
+        dist.barrier(group=self.group)
         if self.rank == 0:
             shutil.rmtree(final, ignore_errors=True)
             staged.rename(final)
-        dist.barrier()
+        dist.barrier(group=self.group)
         return {"learner_shards": name, "scheduler": learner.scheduler.state_dict()}
 
     def load(self, learner, payload: dict, folder: Path) -> None:
@@ -215,7 +216,7 @@ class FSDP:
         self._lead("load", {k: payload[k] for k in ("learner_shards", "scheduler")}, folder)
         model, optim = get_state_dict(learner.scorer, learner.optimizer)
         state = {"model": model, "optim": optim}
-        dcp.load(state, checkpoint_id=folder / payload["learner_shards"])
+        dcp.load(state, checkpoint_id=folder / payload["learner_shards"], process_group=self.group)
         set_state_dict(learner.scorer, learner.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"])
         learner.scheduler.load_state_dict(payload["scheduler"])
@@ -244,13 +245,40 @@ class FSDP:
         import torch.distributed as dist
 
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=self.group)
         return float(t.item())
 
 
 # ---- the processes of run=fsdp: started by `launch`, rank 0 leading, the others following
 
 _LEADING = False  # set in the processes `launch` starts: rank 0 then broadcasts each collective call to the others
+_TRAINER = None  # the trainer ranks' process group in a launched job (None: the default group, e.g. a test's)
+_ENGINES: list[tuple[int, object, object]] = []  # per engine process: (its rank, control group, weights group)
+
+
+def _make_groups(trainers: int) -> None:
+    """The process groups of a launched job (every rank makes every group, in the same order): the trainer ranks
+    0..T-1 (FSDP's mesh and the leader's calls), and for each engine process (rank T, T+1, ...) two with rank 0:
+    `control` (gloo, whatever the device: requests, replies and rows as pickled objects) and `weights` (the job's
+    backend: nccl on GPUs)."""
+    import torch.distributed as dist
+
+    global _TRAINER, _ENGINES
+    _TRAINER = dist.new_group(list(range(trainers)))
+    _ENGINES = [(rank, dist.new_group([0, rank], backend="gloo"), dist.new_group([0, rank]))
+                for rank in range(trainers, dist.get_world_size())]
+
+
+def trainer_group():
+    """The trainer ranks' process group."""
+    import torch.distributed as dist
+
+    return _TRAINER if _TRAINER is not None else dist.group.WORLD
+
+
+def engine_groups() -> list[tuple[int, object, object]]:
+    """(rank, control group, weights group) of each generator engine's process; empty when there are none."""
+    return list(_ENGINES)
 
 
 def launch(cfg, fn, *args, **kwargs):
@@ -260,14 +288,16 @@ def launch(cfg, fn, *args, **kwargs):
     launcher, as torchrun; gloo on the CPU, nccl on GPUs), rank 0 running `fn`, the others following it. The job
     itself is one process (a SLURM task, a local job): it starts the ranks, so `python -m ablate` is not to be run
     under torchrun."""
-    world = int(cfg.run.trainer_gpus)
+    trainers, engines = int(cfg.run.trainer_gpus), int(cfg.run.get("generator_gpus", 0))
+    world = trainers + engines
     if world == 1:
         return fn(*args, **kwargs)
     from ablate.policy import device_of
 
     if device_of(cfg.model).type == "cuda" and world > torch.cuda.device_count():
-        raise ValueError(f"run.trainer_gpus={world}: this machine has {torch.cuda.device_count()} CUDA device(s), "
-                         "one per trainer rank (model.device=cpu runs the ranks on the CPU)")
+        layout = f"run.trainer_gpus={trainers}" + (f" + run.generator_gpus={engines}" if engines else "")
+        raise ValueError(f"{layout}: this machine has {torch.cuda.device_count()} CUDA device(s), one per process "
+                         "(model.device=cpu runs them on the CPU)")
     import uuid
 
     from omegaconf import OmegaConf
@@ -308,7 +338,8 @@ def launch(cfg, fn, *args, **kwargs):
     except ChildFailedError as err:  # one line: which rank, and its error
         rank, failure = err.get_first_failure()
         message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
-        raise RuntimeError(f"trainer rank {rank} failed: {str(message).strip().splitlines()[-1] if message else '?'}"
+        who = f"trainer rank {rank}" if rank < trainers else f"the generator engine's process (rank {rank})"
+        raise RuntimeError(f"{who} failed: {str(message).strip().splitlines()[-1] if message else '?'}"
                            f" (its log: {failure.error_file or 'above'})") from None
     finally:
         for log, level in zip(quiet, levels):
@@ -331,14 +362,19 @@ def _rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
 
     global _LEADING
     _LEADING = True
+    from ablate.generators import remote
     from ablate.policy import device_of
 
     on_gpu = device_of(OmegaConf.create(cfg["model"])).type == "cuda"  # the weights' device decides, not the machine
     if on_gpu:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if on_gpu else "gloo")
+    _make_groups(int(cfg["run"]["trainer_gpus"]))
     try:
-        if dist.get_rank() != 0:
+        if dist.get_rank() >= int(cfg["run"]["trainer_gpus"]):  # a generator engine's process: serve rank 0
+            signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+            result = remote.serve()
+        elif dist.get_rank() != 0:
             signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # the warning is rank 0's (`launch`)
             result = follow(OmegaConf.create(cfg))
         else:
@@ -353,6 +389,7 @@ def _rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
                 result = None
             finally:
                 _broadcast(("stop", ()))
+                remote.release()  # engine processes the trainer never reached (it ended before building them)
         dist.barrier()  # no rank tears the group down while another may still be in it (a failed rank's launcher
         # stops the others instead)
         return result
@@ -412,5 +449,5 @@ def _broadcast(message):
     import torch.distributed as dist
 
     box = [message]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=trainer_group())
     return box[0]

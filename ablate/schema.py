@@ -259,6 +259,9 @@ class Run:
     name: str = MISSING
     _target_: str = MISSING
     trainer_gpus: int = 1  # trainer ranks: processes (and GPUs where there are any), each holding a shard
+    # generator engines in processes (and on GPUs) of their own, fed by trainer rank 0's pipeline; 0: the engine
+    # decodes in rank 0's process (ablate/generators/remote.py)
+    generator_gpus: int = 0
 
 
 @dataclass

@@ -9,6 +9,7 @@ with bf16 compute.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import signal
@@ -23,7 +24,7 @@ from omegaconf import OmegaConf
 
 from ablate import parallel, tracking
 from ablate.config import compose
-from ablate.generators.engine import Engine, Limits
+from ablate.generators.engine import Engine, Limits, Sequence
 from ablate.parallel import OneProcess, _dealt
 from ablate.policy import build_policy
 from ablate.registry import build
@@ -225,6 +226,74 @@ def test_an_engine_refuses_weights_that_miss_a_tensor():
         engine.load(iter(pairs), version=1)
 
 
+def _engine_process_pair(rank: int, init_file: str, out: str) -> None:
+    """Rank 0: a trainer whose engine is in rank 1's process (RemoteEngine), beside the same engine in its own
+    process (Engine); rank 1: that process (`remote.serve`)."""
+    import torch.distributed as dist
+
+    from ablate.generators import remote
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        parallel._make_groups(trainers=1)
+        if rank == 1:
+            remote.serve()
+        else:
+            cfg = OmegaConf.create(_config("model.dtype=bfloat16"))
+            limits = Limits(6, 4, (0,), None)
+            args = {"head_dtype": torch.float32, "temperature": 1.0, "pad_id": 0, "compute_dtype": torch.bfloat16}
+            policy = build_policy(cfg.model, cfg.seed)
+            there = remote.RemoteEngine(OmegaConf.to_container(cfg.model), limits, policy.state_dict(), seed=3,
+                                        **args)
+            here = Engine(copy.deepcopy(policy).to(torch.bfloat16), limits, seed=3, **args)
+            gen = torch.Generator().manual_seed(5)
+            new = {n: t + 0.01 * torch.randn(t.shape, generator=gen) for n, t in policy.state_dict().items()}
+            rows = {side: [Sequence(i, 1, [5 + i, 7, 9 + i]) for i in range(3)] for side in ("here", "there")}
+            ended = {"here": [], "there": []}
+            for side, engine in (("here", here), ("there", there)):
+                engine.start(rows[side])
+                ended[side] += engine.step()
+                engine.load(new, version=1)  # mid-generation: the running rows go on with the new weights
+                while engine.running:
+                    ended[side] += engine.step()
+            checksums = there.checksums()
+            try:
+                there.load({n: t for n, t in new.items() if n != "model.norm.weight"}, version=2)
+                refused = ""
+            except RuntimeError as err:
+                refused = str(err)
+            same_rng = torch.equal(there.rng.get_state(), here.rng.get_state())
+            there.close()
+            torch.save({"rows": {side: [vars(r) for r in rs] for side, rs in rows.items()},
+                        "same_objects": {side: sorted(map(id, ended[side])) == sorted(map(id, rows[side]))
+                                         for side in rows},
+                        "trainer": {n: remote.checksum(t.to(torch.bfloat16)) for n, t in new.items()},
+                        "engine": checksums, "refused": refused, "version": there.version, "same_rng": same_rng}, out)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_engine_in_its_own_process_decodes_as_in_this_one_and_holds_the_trainers_weights(tmp_path):
+    """run.generator_gpus=1's engine (ablate/generators/remote.py) against the same engine in the trainer's process:
+    the same seed, rows and mid-generation load give the same tokens, log-probs and versions; the rows handed back
+    are the pipeline's own objects; after the load every tensor of the engine process has the sha256 of the
+    trainer's (in the engine's bf16); a load that misses a tensor is refused, naming it, before anything is sent."""
+    torch.multiprocessing.start_processes(_engine_process_pair, args=(str(tmp_path / "init"), str(tmp_path / "out")),
+                                          nprocs=2, start_method="spawn")
+    out = torch.load(tmp_path / "out", weights_only=False)
+    here, there = out["rows"]["here"], out["rows"]["there"]
+    assert [r["tokens"] for r in there] == [r["tokens"] for r in here] and all(r["done"] for r in there)
+    assert [r["logprobs"] for r in there] == [r["logprobs"] for r in here]
+    assert [r["versions"] for r in there] == [r["versions"] for r in here]
+    assert {v for r in there for v in r["versions"]} == {0, 1}  # tokens of both versions: the load was mid-row
+    assert out["same_objects"] == {"here": True, "there": True}
+    assert out["engine"] == out["trainer"] and out["engine"]  # every tensor, by name
+    assert "miss 1 of the engine's tensors (model.norm.weight)" in out["refused"]
+    assert out["version"] == 1 and out["same_rng"]
+
+
 def test_gpu_ranks_beyond_the_machines_cuda_devices_are_one_clear_error(monkeypatch):
     """run=fsdp on GPUs takes one CUDA device per rank (two NCCL ranks on one GPU crash): too few is an error that
     names both numbers, raised before any rank starts."""
@@ -237,29 +306,36 @@ def test_gpu_ranks_beyond_the_machines_cuda_devices_are_one_clear_error(monkeypa
     assert started == []
 
 
-def test_a_two_rank_fsdp_run_reproduces_the_one_process_run(tmp_path):
-    """`python -m ablate run=fsdp` (2 trainer processes, gloo) against `python -m ablate` on the same config: the
-    deterministic schedule's rollouts, losses and validation curve agree (to 1e-4; measured: equal to 6 decimals),
-    and the FSDP run's rank 0 trained with 2 ranks."""
-    short = ["train.steps=6", "train.val_every=2", "task.n_val_prompts=32"]
+LAYOUTS = {"one_process": ["run=one_process"], "fsdp": ["run=fsdp"],
+           "fsdp+engine": ["run=fsdp", "run.generator_gpus=1"]}
+
+
+def test_two_fsdp_ranks_and_an_engine_process_reproduce_the_one_process_run(tmp_path):
+    """`python -m ablate run=fsdp` (2 trainer processes, gloo), and the same with the generator's engine in a third
+    process of its own (run.generator_gpus=1), against `python -m ablate` on the same config: the deterministic
+    schedule's rollouts, losses and validation curve agree (to 1e-4; measured: equal to 6 decimals)."""
+    short = ["model.device=cpu", "train.steps=6", "train.val_every=2", "task.n_val_prompts=32"]
     curves = {}
-    for layout in ("one_process", "fsdp"):
+    for layout, overrides in LAYOUTS.items():
         folder = tmp_path / layout
         folder.mkdir()
-        out = run_cli("-m", "ablate", f"run={layout}", "model.device=cpu", *short, cwd=folder)
+        out = run_cli("-m", "ablate", *overrides, *short, cwd=folder)
         assert out.returncode == 0, out.stderr[-3000:]
         client = tracking.client(f"sqlite:///{folder / 'mlflow.db'}")
         (run,) = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
-        assert run.info.status == "FINISHED" and run.data.params["trainer.ranks"] == str(1 + (layout == "fsdp"))
+        assert run.info.status == "FINISHED"
+        assert run.data.params["trainer.ranks"] == str(1 + ("fsdp" in layout))
+        assert run.data.params["run.generator_gpus"] == str(int("engine" in layout))
         curves[layout] = {key: [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key),
                                                                   key=lambda m: m.step)]
                           for key in ("val/pass_rate", "loss/policy", "train/reward_mean")}
-    one, fsdp = curves["one_process"], curves["fsdp"]
+    one = curves["one_process"]
     assert [s for s, _ in one["val/pass_rate"]] == [0, 2, 4, 6] and len(one["loss/policy"]) == 6
-    for key in one:
-        assert [s for s, _ in fsdp[key]] == [s for s, _ in one[key]], key
-        for (_, a), (_, b) in zip(fsdp[key], one[key]):
-            assert a == pytest.approx(b, rel=1e-4, abs=1e-6), key
+    for layout in ("fsdp", "fsdp+engine"):
+        for key in one:
+            assert [s for s, _ in curves[layout][key]] == [s for s, _ in one[key]], (layout, key)
+            for (_, a), (_, b) in zip(curves[layout][key], one[key]):
+                assert a == pytest.approx(b, rel=1e-4, abs=1e-6), (layout, key)
 
 
 def test_a_rank_that_fails_is_named_in_one_line_and_its_run_is_failed(tmp_path):
@@ -329,3 +405,39 @@ def test_the_warning_signal_checkpoints_both_ranks_at_the_end_of_the_step(tmp_pa
     assert (folder / "checkpoint.pt").exists() and [p.name for p in folder.glob("learner-*")] == [f"learner-{step}"]
     last = max(m.step for m in client.get_metric_history(run.info.run_id, "compute/gpu_hours"))
     assert last == step  # stopped at the end of the step it checkpointed
+
+
+BAD_LAYOUTS = [
+    (["run=fsdp", "run.trainer_gpus=1"],
+     "run=fsdp with run.trainer_gpus=1: this layout takes at least 2 trainer ranks (one rank is run=one_process)"),
+    (["run.trainer_gpus=2"],
+     "run=one_process with run.trainer_gpus=2: this layout takes exactly 1 trainer rank (more are run=fsdp)"),
+    (["run=fsdp", "run.trainer_gpus=16", "launcher.gpus_per_node=8"],
+     "run.trainer_gpus=16 does not fit the job: launcher.nodes=1 x launcher.gpus_per_node=8 = 8 GPUs"),
+    (["run=fsdp", "run.trainer_gpus=8", "run.generator_gpus=1", "launcher.gpus_per_node=8"],
+     "run.trainer_gpus=8 + run.generator_gpus=1 does not fit the job: launcher.nodes=1 x launcher.gpus_per_node=8 "
+     "= 8 GPUs"),
+    (["run=fsdp", "run.trainer_gpus=4", "launcher.gpus_per_node=2", "launcher.nodes=2"],
+     "run.trainer_gpus=4 spans more than one node of launcher.gpus_per_node=2"),
+    (["run.generator_gpus=2"], "run.generator_gpus=2: 0 (the engine in trainer rank 0's process) or 1"),
+    (["generator=mock", "run.generator_gpus=1"],
+     "run.generator_gpus=1: generator=mock has no engine that runs in a process of its own"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD_LAYOUTS, ids=[" ".join(o) for o, _ in BAD_LAYOUTS])
+def test_a_layout_that_cannot_run_fails_before_submit_naming_the_numbers(overrides, message):
+    from ablate.config import check_run
+
+    with pytest.raises(ValueError) as err:
+        check_run(compose(overrides))
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_a_bad_layout_is_one_line_from_the_cli_and_creates_no_run(tmp_path):
+    out = run_cli("-m", "ablate", "run=fsdp", "run.trainer_gpus=2", "run.generator_gpus=1",
+                  "launcher.gpus_per_node=2", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        "error: run.trainer_gpus=2 + run.generator_gpus=1 does not fit the job: launcher.nodes=1 x "
+        "launcher.gpus_per_node=2 = 2 GPUs"]
+    assert not (tmp_path / "mlflow.db").exists()  # no run was made

@@ -29,13 +29,18 @@ def _last_step(client, run_id) -> int:
     return max((m.step for m in history), default=-1)
 
 
-@pytest.mark.parametrize("layout", ["one_process", "fsdp"])
+LAYOUTS = {"one_process": ["run=one_process"],
+           "fsdp+engine": ["run=fsdp", "run.generator_gpus=1", "model.device=cpu"]}  # gloo ranks, GPU or not
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_a_killed_run_resumes_with_no_lost_or_duplicated_steps(layout, tmp_path, mlflow_uri):
-    """run=fsdp: 2 trainer processes under torch's launcher, the whole process group killed; the learner's state
-    comes back from its DCP shards (learner-<step>), the rest from rank 0's payload."""
+    """fsdp+engine: 2 trainer processes and the generator's engine in a third, under torch's launcher, the whole
+    process group killed; the learner's state comes back from its DCP shards (learner-<step>), the rest (the
+    engine's random state too) from rank 0's payload."""
     # mlflow_uri: ./mlflow.db made beforehand, so polling it never races the run's own schema migration
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    run = [*RUN, f"run={layout}", *(["model.device=cpu"] if layout == "fsdp" else [])]  # gloo ranks, GPU or not
+    run = [*RUN, *LAYOUTS[layout]]
     proc = subprocess.Popen([sys.executable, *run], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -60,7 +65,7 @@ def test_a_killed_run_resumes_with_no_lost_or_duplicated_steps(layout, tmp_path,
     killed_at = _last_step(client, run_id)
     folder = tmp_path / "outputs" / "tiny" / "runs" / run_id
     assert (folder / "checkpoint.pt").exists()
-    assert bool(list(folder.glob("learner-*"))) == (layout == "fsdp")  # the shards beside the payload
+    assert bool(list(folder.glob("learner-*"))) == (layout != "one_process")  # the shards beside the payload
 
     out = run_cli(*run, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
@@ -81,7 +86,7 @@ def test_a_killed_run_resumes_with_no_lost_or_duplicated_steps(layout, tmp_path,
     assert val_steps == list(range(0, 81, 5))
     assert killed_at < 80
     assert not (folder / "checkpoint.pt").exists() and not list(folder.glob("learner-*"))
-    assert client.get_run(run_id).data.params["trainer.ranks"] == str(1 + (layout == "fsdp"))
+    assert client.get_run(run_id).data.params["trainer.ranks"] == str(1 + (layout != "one_process"))
 
 
 def test_a_non_finite_loss_marks_the_run_diverged_and_stops_it_cleanly(tmp_path):

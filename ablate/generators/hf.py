@@ -14,11 +14,12 @@ import copy
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from ablate.compute import ReferenceClock, StepFlops
 from ablate.generators.engine import Engine, Limits
 from ablate.generators.pipeline import Pipeline
+from ablate.generators.remote import RemoteEngine
 from ablate.policy import compute_dtype
 from ablate.registry import build
 from ablate.tasks.base import THINK_END
@@ -40,6 +41,8 @@ def head_dtype(cfg: DictConfig) -> torch.dtype:
 
 
 class HFGenerator(Pipeline):
+    engine_process = True  # its engine can run in a process of its own (run.generator_gpus=1: generators/remote.py)
+
     def __init__(self, max_waves: int, concurrent: bool, val_wave_rows: int, *, cfg: DictConfig, task, sampler,
                  policy: torch.nn.Module, **_: object):
         self.cfg = cfg
@@ -60,8 +63,12 @@ class HFGenerator(Pipeline):
             self.clock = ReferenceClock(float(cfg.train.reference_tflops), None if layout is None else list(layout),
                                         self.off_policy)
 
-    def make_engine(self, policy: torch.nn.Module, tokenizer) -> Engine:
-        """The engine that decodes the pipeline's rows: ours, on its own copy of the policy in the compute dtype."""
+    def make_engine(self, policy: torch.nn.Module, tokenizer) -> Engine | RemoteEngine:
+        """The engine that decodes the pipeline's rows: ours, on its own copy of the policy in the compute dtype; in
+        this process, or (run.generator_gpus=1) in the engine process the job started, fed the policy's weights."""
+        if int(self.cfg.run.get("generator_gpus", 0)):
+            model = OmegaConf.to_container(self.cfg.model, resolve=True)
+            return RemoteEngine(model, self.limits, policy.state_dict(), seed=self.cfg.seed, **self.engine_args)
         model = copy.deepcopy(policy).to(self.engine_args["compute_dtype"]).eval()
         return Engine(model, self.limits, seed=self.cfg.seed, **self.engine_args)
 

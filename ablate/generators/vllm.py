@@ -20,6 +20,8 @@ from ablate.generators.hf import HFGenerator
 
 
 class VLLMGenerator(HFGenerator):
+    engine_process = False  # vLLM in an engine process of its own is not built yet (run.generator_gpus=0)
+
     def __init__(self, gpu_memory_utilization: float = 0.5, kv_cache_gib: float | None = None,
                  enforce_eager: bool = False, **kwargs):
         self.vllm_args = {"gpu_memory_utilization": gpu_memory_utilization, "enforce_eager": enforce_eager,
