@@ -262,6 +262,8 @@ class Run:
     # generator engines in processes (and on GPUs) of their own, fed by trainer rank 0's pipeline; 0: the engine
     # decodes in rank 0's process (ablate/generators/remote.py)
     generator_gpus: int = 0
+    # dense bf16 TFLOP/s of one trainer GPU (an H100's: 989); > 0 logs perf/trainer_mfu each step
+    peak_tflops: float = 0.0
 
 
 @dataclass

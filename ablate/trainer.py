@@ -327,7 +327,9 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
                 rewards = rollouts.rewards + length_control.reward_shaping(rollouts.lengths, l_max)
                 keep = prompt_filter.keep(rewards, rollouts.group)
                 sampler.observe(rollouts.prompt_ids, rollouts.correct)
+                began = time.perf_counter()
                 update = learner.step(rollouts, rewards, keep)
+                learner_s = time.perf_counter() - began
             except PromptsExhausted as err:  # a finite data set that NPR used up: the run ends here, saying so
                 state.stopped = f"stopped after step {step - 1} of {cfg.train.steps}: {err}"
                 tracker.set_tags({"ablate.stopped_early": state.stopped})
@@ -339,9 +341,11 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
                 tracker.log_metrics({"train/diverged": 1.0}, step=step)
                 log.warning("run %s diverged at step %d: %s", run_id, step, err)
                 break
+            began = time.perf_counter()
             whole = learner.whole_policy()
             generator.publish(whole, step)
             now = time.perf_counter()
+            publish_s = now - began
             wall, tick = now - tick, now
             state.step = step
             flops = _step_flops(n_params, rollouts, keep)
@@ -360,7 +364,8 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
                 **update,
                 **_staleness(rollouts, step - 1),
                 "perf/tokens_per_s": float(rollouts.mask.sum()) / max(wall, 1e-9),
-                **generator.perf(),
+                **_cluster_perf(cfg.run, n_params, rollouts, keep, learner_s, publish_s, learner.ranks.world,
+                                generator.perf()),
             }
             if step % cfg.train.val_every == 0 or step == cfg.train.steps:
                 metrics["val/pass_rate"] = generator.validate(state.gpu_hours, policy=whole, step=step)
@@ -410,6 +415,21 @@ def _staleness(rollouts: Rollouts, version: int) -> dict:
     return {"train/staleness_min": float(torch.where(mask, lag, torch.inf).min()),
             "train/staleness_mean": float((lag * mask).sum()) / n,
             "train/staleness_max": float(torch.where(mask, lag, -torch.inf).max())}
+
+
+def _cluster_perf(run: DictConfig, n_params: int, rollouts: Rollouts, keep: torch.Tensor, learner_s: float,
+                  publish_s: float, ranks: int, generator: dict) -> dict:
+    """What a cluster's user watches per step: the learner's seconds and (run.peak_tflops set) its MFU, 6 N per
+    token it forwards (prompt and completion of the rows it trains, no padding; bench/bench_gpu.py's definition)
+    over its ranks' peak; the weights' sync: gathered and handed over on the trainer side (publish), loaded on the
+    engine's (the generator's own figures: idle and waiting fractions, tokens/s)."""
+    perf = {**generator, "perf/learner_s": learner_s, "perf/weight_publish_s": publish_s,
+            "perf/weight_sync_s": publish_s + generator.get("perf/engine_load_s", 0.0)}
+    if run.peak_tflops > 0:
+        kept = keep.to(rollouts.lengths.device)
+        tokens = float((rollouts.prompt_mask.sum(dim=1).to(kept.device) + rollouts.lengths)[kept].sum())
+        perf["perf/trainer_mfu"] = 6.0 * n_params * tokens / max(learner_s, 1e-9) / (ranks * run.peak_tflops * 1e12)
+    return perf
 
 
 def _step_flops(n_params: int, rollouts: Rollouts, keep: torch.Tensor) -> StepFlops:

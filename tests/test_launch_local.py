@@ -48,7 +48,7 @@ def test_the_sweep_runs_every_variant_into_one_parent(swept):
         assert [m.step for m in compute] == list(range(0, 21)) and compute[-1].value > compute[10].value > 0
         for key in ("train/reward_mean", "train/truncation_rate", "train/zero_variance_frac", "train/npr_dropped",
                     "train/staleness_min", "train/staleness_mean", "train/staleness_max", "compute/flops",
-                    "perf/tokens_per_s"):
+                    "perf/tokens_per_s", "perf/learner_s", "perf/weight_sync_s"):
             assert key in run.data.metrics, key
         assert run.data.params["loss.name"] == ("dapo" if tags["ablate.variant"] == "loo-dapo" else "cispo")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -162,3 +163,20 @@ def test_on_a_generator_and_a_trainer_device_every_device_counts_while_it_idles(
     if off_policy == "ppo_off_policy":
         for end in (2, 4):
             assert seen[end - 1]["compute/gpu_hours"] == pytest.approx(2 * hours_of_flops[end - 1], rel=1e-12)
+
+
+def test_the_cluster_metrics_of_a_step_by_hand():
+    """perf/trainer_mfu = 6 N x tokens forwarded (prompt + completion of the kept rows) / learner seconds / (ranks x
+    peak): N = 1000, kept row 3 prompt + 4 completion tokens (the other row, 2 + 5, filtered out), 2 s, 2 ranks of
+    1000 FLOP/s: 6 * 1000 * 7 / 2 / 2000 = 10.5. Weight sync = the trainer's publish + the engine's load."""
+    from ablate.trainer import _cluster_perf
+
+    ro = SimpleNamespace(prompt_mask=torch.tensor([[False, True, True, True], [False, False, True, True]]),
+                         lengths=torch.tensor([4, 5]))
+    run = OmegaConf.create({"peak_tflops": 1e-9})
+    perf = _cluster_perf(run, 1000, ro, torch.tensor([True, False]), 2.0, 0.25, 2, {"perf/engine_load_s": 0.5})
+    assert perf["perf/trainer_mfu"] == pytest.approx(10.5)
+    assert perf["perf/weight_sync_s"] == 0.75 and perf["perf/weight_publish_s"] == 0.25
+    assert perf["perf/learner_s"] == 2.0 and perf["perf/engine_load_s"] == 0.5
+    off = _cluster_perf(OmegaConf.create({"peak_tflops": 0.0}), 1000, ro, torch.tensor([True, True]), 2.0, 0.25, 1, {})
+    assert "perf/trainer_mfu" not in off and off["perf/weight_sync_s"] == 0.25

@@ -46,6 +46,7 @@ class Pipeline:
         self.stopping = False
         self.generator_idle_s = self.trainer_wait_s = 0.0
         self.clock_start = time.perf_counter()
+        self.window = {"start": self.clock_start, "tokens": 0, "load_s": 0.0}  # since the last `perf()`
         self.thread: threading.Thread | None = None
         if concurrent:
             self.thread = threading.Thread(target=self._run, name="generator", daemon=True)
@@ -95,9 +96,16 @@ class Pipeline:
                 self.next_batch = version + 1
 
     def perf(self) -> dict:
-        wall = max(time.perf_counter() - self.clock_start, 1e-9)
+        """Since the run started: the generator's idle and the trainer's waiting fractions. Since the last call
+        (a step): the engine's tokens per second (one engine, one device) and its seconds loading weights."""
+        now = time.perf_counter()
+        wall = max(now - self.clock_start, 1e-9)
+        with self.lock:
+            window, self.window = self.window, {"start": now, "tokens": 0, "load_s": 0.0}
         return {"perf/generator_idle_frac": self.generator_idle_s / wall,
-                "perf/trainer_wait_frac": self.trainer_wait_s / wall}
+                "perf/trainer_wait_frac": self.trainer_wait_s / wall,
+                "perf/generator_tokens_per_s_per_gpu": window["tokens"] / max(now - window["start"], 1e-9),
+                "perf/engine_load_s": window["load_s"]}
 
     def close(self) -> None:
         with self.lock:
@@ -156,7 +164,9 @@ class Pipeline:
             state, version = self.pending
             if (self.off_policy.in_flight or not self.engine.running) and \
                     self.off_policy.may_load(version, self.next_batch):
+                began = time.perf_counter()
                 self.engine.load(state, version)
+                self.window["load_s"] += time.perf_counter() - began
                 self.pending = None
         # At most one new wave per decode step, as continuous batching admits requests: waves stay staggered, so
         # new weights land in the middle of the others' rows.
@@ -189,6 +199,7 @@ class Pipeline:
     def _collect(self, ended: list[Sequence]) -> None:
         for row in ended:
             self.ended[row.batch].append(row)
+            self.window["tokens"] += len(row.tokens)
 
     def _complete(self, step: int) -> bool:
         return step in self.ended and len(self.ended[step]) == self.B * self.G
