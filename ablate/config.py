@@ -158,9 +158,9 @@ def check_run(cfg: DictConfig) -> None:
         raise ValueError(f"run={run.name} with run.trainer_gpus={n}: this layout takes {holds} trainer rank"
                          f"{'s' if least > 1 else ''}" + (" (one rank is run=one_process)" if least > 1 else
                                                            " (more are run=fsdp)"))
-    if g < 0 or g > 1:
-        raise ValueError(f"run.generator_gpus={g}: 0 (the engine in trainer rank 0's process) or 1 (one engine "
-                         "process; data parallel over several engines is not built yet)")
+    if g < 0:
+        raise ValueError(f"run.generator_gpus={g}: 0 (the engine in trainer rank 0's process) or more (engine "
+                         "processes of their own)")
     if g and not getattr(get_object(cfg.generator._target_), "engine_process", False):
         raise ValueError(f"run.generator_gpus={g}: generator={cfg.generator.name} has no engine that runs in a "
                          "process of its own (generator=hf has)")

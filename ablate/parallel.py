@@ -253,20 +253,22 @@ class FSDP:
 
 _LEADING = False  # set in the processes `launch` starts: rank 0 then broadcasts each collective call to the others
 _TRAINER = None  # the trainer ranks' process group in a launched job (None: the default group, e.g. a test's)
-_ENGINES: list[tuple[int, object, object]] = []  # per engine process: (its rank, control group, weights group)
+_ENGINES: list[tuple[int, object]] = []  # per engine process: (its rank, its control group with rank 0)
+_WEIGHTS = None  # rank 0 and every engine process: the weights' broadcasts
 
 
 def _make_groups(trainers: int) -> None:
     """The process groups of a launched job (every rank makes every group, in the same order): the trainer ranks
-    0..T-1 (FSDP's mesh and the leader's calls), and for each engine process (rank T, T+1, ...) two with rank 0:
-    `control` (gloo, whatever the device: requests, replies and rows as pickled objects) and `weights` (the job's
-    backend: nccl on GPUs)."""
+    0..T-1 (FSDP's mesh and the leader's calls); for each engine process (rank T, T+1, ...) a `control` group with
+    rank 0 (gloo, whatever the device: requests, replies and rows as pickled objects); and `weights`, rank 0 with
+    every engine process (the job's backend: nccl on GPUs), which the weights are broadcast over."""
     import torch.distributed as dist
 
-    global _TRAINER, _ENGINES
+    global _TRAINER, _ENGINES, _WEIGHTS
+    world = dist.get_world_size()
     _TRAINER = dist.new_group(list(range(trainers)))
-    _ENGINES = [(rank, dist.new_group([0, rank], backend="gloo"), dist.new_group([0, rank]))
-                for rank in range(trainers, dist.get_world_size())]
+    _ENGINES = [(rank, dist.new_group([0, rank], backend="gloo")) for rank in range(trainers, world)]
+    _WEIGHTS = dist.new_group([0, *range(trainers, world)]) if world > trainers else None
 
 
 def trainer_group():
@@ -276,8 +278,13 @@ def trainer_group():
     return _TRAINER if _TRAINER is not None else dist.group.WORLD
 
 
-def engine_groups() -> list[tuple[int, object, object]]:
-    """(rank, control group, weights group) of each generator engine's process; empty when there are none."""
+def weights_group():
+    """Rank 0 and the engine processes (None when there are none)."""
+    return _WEIGHTS
+
+
+def engine_groups() -> list[tuple[int, object]]:
+    """(rank, control group) of each generator engine's process; empty when there are none."""
     return list(_ENGINES)
 
 

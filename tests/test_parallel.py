@@ -226,18 +226,18 @@ def test_an_engine_refuses_weights_that_miss_a_tensor():
         engine.load(iter(pairs), version=1)
 
 
-def _engine_process_pair(rank: int, init_file: str, out: str) -> None:
-    """Rank 0: a trainer whose engine is in rank 1's process (RemoteEngine), beside the same engine in its own
-    process (Engine); rank 1: that process (`remote.serve`)."""
+def _engine_processes(rank: int, engines: int, init_file: str, out: str) -> None:
+    """Rank 0: a trainer whose engines are in ranks 1.. (RemoteEngine), beside the same engines in its own process
+    (Engine, one per engine process, seeded and dealt rows as those are); ranks 1..: those processes (`serve`)."""
     import torch.distributed as dist
 
     from ablate.generators import remote
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=1 + engines)
     try:
         parallel._make_groups(trainers=1)
-        if rank == 1:
+        if rank > 0:
             remote.serve()
         else:
             cfg = OmegaConf.create(_config("model.dtype=bfloat16"))
@@ -246,42 +246,54 @@ def _engine_process_pair(rank: int, init_file: str, out: str) -> None:
             policy = build_policy(cfg.model, cfg.seed)
             there = remote.RemoteEngine(OmegaConf.to_container(cfg.model), limits, policy.state_dict(), seed=3,
                                         **args)
-            here = Engine(copy.deepcopy(policy).to(torch.bfloat16), limits, seed=3, **args)
+            here = [Engine(copy.deepcopy(policy).to(torch.bfloat16), limits, seed=remote.engine_seed(3, i), **args)
+                    for i in range(engines)]
             gen = torch.Generator().manual_seed(5)
             new = {n: t + 0.01 * torch.randn(t.shape, generator=gen) for n, t in policy.state_dict().items()}
-            rows = {side: [Sequence(i, 1, [5 + i, 7, 9 + i]) for i in range(3)] for side in ("here", "there")}
+            rows = {side: [Sequence(i, 1, [5 + i, 7, 9 + i]) for i in range(5)] for side in ("here", "there")}
             ended = {"here": [], "there": []}
-            for side, engine in (("here", here), ("there", there)):
-                engine.start(rows[side])
-                ended[side] += engine.step()
-                engine.load(new, version=1)  # mid-generation: the running rows go on with the new weights
+            # there: one engine of several processes; here: the same engines stepped in turn in this process
+            there.start(rows["there"])
+            ended["there"] += there.step()
+            there.load(new, version=1)  # mid-generation: the running rows go on with the new weights
+            while there.running:
+                ended["there"] += there.step()
+            bounds = [5 * i // engines for i in range(engines + 1)]
+            for i, engine in enumerate(here):
+                engine.start(rows["here"][bounds[i]:bounds[i + 1]])
+                ended["here"] += engine.step()
+                engine.load(new, version=1)
                 while engine.running:
-                    ended[side] += engine.step()
+                    ended["here"] += engine.step()
             checksums = there.checksums()
             try:
                 there.load({n: t for n, t in new.items() if n != "model.norm.weight"}, version=2)
                 refused = ""
             except RuntimeError as err:
                 refused = str(err)
-            same_rng = torch.equal(there.rng.get_state(), here.rng.get_state())
+            same_rng = [torch.equal(a, b.rng.get_state()) for a, b in zip(there.rng.get_state(), here)]
             there.close()
             torch.save({"rows": {side: [vars(r) for r in rs] for side, rs in rows.items()},
                         "same_objects": {side: sorted(map(id, ended[side])) == sorted(map(id, rows[side]))
                                          for side in rows},
                         "trainer": {n: remote.checksum(t.to(torch.bfloat16)) for n, t in new.items()},
-                        "engine": checksums, "refused": refused, "version": there.version, "same_rng": same_rng}, out)
+                        "engines": checksums, "refused": refused, "version": there.version, "same_rng": same_rng},
+                       out)
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def test_an_engine_in_its_own_process_decodes_as_in_this_one_and_holds_the_trainers_weights(tmp_path):
-    """run.generator_gpus=1's engine (ablate/generators/remote.py) against the same engine in the trainer's process:
-    the same seed, rows and mid-generation load give the same tokens, log-probs and versions; the rows handed back
-    are the pipeline's own objects; after the load every tensor of the engine process has the sha256 of the
-    trainer's (in the engine's bf16); a load that misses a tensor is refused, naming it, before anything is sent."""
-    torch.multiprocessing.start_processes(_engine_process_pair, args=(str(tmp_path / "init"), str(tmp_path / "out")),
-                                          nprocs=2, start_method="spawn")
+@pytest.mark.parametrize("engines", [1, 2])
+def test_engines_in_their_own_processes_decode_as_in_this_one_and_hold_the_trainers_weights(engines, tmp_path):
+    """run.generator_gpus=N's engines (ablate/generators/remote.py) against the same engines in the trainer's
+    process: the same seeds, rows (dealt in slices) and mid-generation load give the same tokens, log-probs and
+    versions; the rows handed back are the pipeline's own objects; after the load every tensor of every engine
+    process has the sha256 of the trainer's (in the engines' bf16); a load that misses a tensor is refused, naming
+    it, before anything is sent."""
+    torch.multiprocessing.start_processes(_engine_processes, args=(engines, str(tmp_path / "init"),
+                                                                   str(tmp_path / "out")),
+                                          nprocs=1 + engines, start_method="spawn")
     out = torch.load(tmp_path / "out", weights_only=False)
     here, there = out["rows"]["here"], out["rows"]["there"]
     assert [r["tokens"] for r in there] == [r["tokens"] for r in here] and all(r["done"] for r in there)
@@ -289,9 +301,9 @@ def test_an_engine_in_its_own_process_decodes_as_in_this_one_and_holds_the_train
     assert [r["versions"] for r in there] == [r["versions"] for r in here]
     assert {v for r in there for v in r["versions"]} == {0, 1}  # tokens of both versions: the load was mid-row
     assert out["same_objects"] == {"here": True, "there": True}
-    assert out["engine"] == out["trainer"] and out["engine"]  # every tensor, by name
+    assert len(out["engines"]) == engines and all(c == out["trainer"] for c in out["engines"]) and out["trainer"]
     assert "miss 1 of the engine's tensors (model.norm.weight)" in out["refused"]
-    assert out["version"] == 1 and out["same_rng"]
+    assert out["version"] == 1 and out["same_rng"] == [True] * engines
 
 
 def test_gpu_ranks_beyond_the_machines_cuda_devices_are_one_clear_error(monkeypatch):
@@ -422,7 +434,7 @@ BAD_LAYOUTS = [
      "= 8 GPUs"),
     (["run=fsdp", "run.trainer_gpus=4", "launcher.gpus_per_node=2", "launcher.nodes=2"],
      "run.trainer_gpus=4 spans more than one node of launcher.gpus_per_node=2"),
-    (["run.generator_gpus=2"], "run.generator_gpus=2: 0 (the engine in trainer rank 0's process) or 1"),
+    (["run.generator_gpus=-1"], "run.generator_gpus=-1: 0 (the engine in trainer rank 0's process) or more"),
     (["generator=mock", "run.generator_gpus=1"],
      "run.generator_gpus=1: generator=mock has no engine that runs in a process of its own"),
 ]

@@ -1,20 +1,23 @@
-"""A generator engine in a process of its own (run.generator_gpus=1): it decodes there, on its own device, while
-the pipeline that decides what it decodes and when it takes new weights stays with trainer rank 0.
+"""Generator engines in processes of their own (run.generator_gpus=N): they decode there, each on its own device,
+while the pipeline that decides what they decode and when they take new weights stays with trainer rank 0.
 
 The split is at the engine's interface (ablate/generators/engine.py: start, step, load, running, waves, rng), the
 one the pipeline already drives; the pipeline's rules (k-staleness, every prompt started once and trained once,
-the deterministic schedule) are therefore unchanged, and a deterministic run gives the same tokens as with the
-engine in rank 0's process. As PipelineRL's actor and inference processes, prime-rl's orchestrator and inference
-server: rank 0 asks, the engine process answers.
+the deterministic schedule) are therefore unchanged, and with one engine process a deterministic run gives the
+same tokens as with the engine in rank 0's process. As PipelineRL's actor and inference processes, prime-rl's
+orchestrator and inference servers: rank 0 asks, the engine processes answer. With several, each wave of rows is
+dealt across them in slices (data parallel), and they decode at the same time.
 
-Transport (torch.distributed, groups made by ablate/parallel.py when the job starts, one pair per engine process):
-- `control`, gloo whatever the device: each call of `RemoteEngine` is one request from rank 0 and one reply from
-  the engine process (pickled objects: the rows started, the rows that ended, the random state, errors as text).
-- `weights`, the job's backend (nccl on GPUs, gloo on the CPU): `load` sends the weights one tensor at a time,
-  already in the engine's dtype (bf16 halves the traffic), and the engine copies each into its own tensor.
+Transport (torch.distributed, groups made by ablate/parallel.py when the job starts):
+- `control`, one per engine process with rank 0, gloo whatever the device: each call is one request from rank 0
+  and one reply from the engine process (pickled objects: the rows started, the rows that ended, the random
+  state, errors as text).
+- `weights`, rank 0 and every engine process, the job's backend (nccl on GPUs, gloo on the CPU): `load`
+  broadcasts the weights one tensor at a time, already in the engines' dtype (bf16 halves the traffic), and each
+  engine copies each into its own tensor.
 
-`RemoteEngine` lives in rank 0; `serve` is the whole life of the engine's process (ablate/parallel.py starts it).
-Data parallel over several engine processes, and vLLM engines in them, are not built yet (the config check says so).
+`RemoteEngine` lives in rank 0; `serve` is the whole life of an engine's process (ablate/parallel.py starts it).
+vLLM engines in these processes are not built yet (the config check says so).
 """
 
 from __future__ import annotations
@@ -40,36 +43,49 @@ def _exchange(message, src: int, group):
 
 
 class _RemoteRng:
-    """The engine's sampling generator, as the pipeline's checkpoint reads and restores it."""
+    """The engines' sampling generators, as the pipeline's checkpoint reads and restores them (one state each)."""
 
     def __init__(self, engine: RemoteEngine):
         self.engine = engine
 
-    def get_state(self) -> torch.Tensor:
-        return self.engine._call("rng_get")
+    def get_state(self) -> list[torch.Tensor]:
+        return self.engine._all("rng_get")
 
-    def set_state(self, state: torch.Tensor) -> None:
-        self.engine._call("rng_set", state)
+    def set_state(self, states: list[torch.Tensor]) -> None:
+        if not isinstance(states, list) or len(states) != len(self.engine.engines):
+            raise ValueError(f"a checkpoint of the generator with {1 if not isinstance(states, list) else len(states)}"
+                             f" engine(s) does not resume on run.generator_gpus={len(self.engine.engines)}")
+        self.engine._all("rng_set", per_engine=[(state,) for state in states])
+
+
+def engine_seed(seed: int, index: int) -> int:
+    """Engine `index`'s sampling seed: the run's for the first (one engine samples as the in-process engine does)."""
+    return seed + 1_000_003 * index
 
 
 class RemoteEngine:
-    """Rank 0's handle on the engine in another process: the `Engine` interface, each call a request answered by
-    that process. Thread-safe (the concurrent pipeline's thread steps it while the trainer checkpoints)."""
+    """Rank 0's handle on the engines in other processes (run.generator_gpus of them): the `Engine` interface, each
+    call a request answered by those processes. A wave of rows is dealt across the engines in contiguous slices
+    (data parallel); a step asks every busy engine before waiting for any, so they decode at the same time; a load
+    broadcasts each tensor to all of them at once. Thread-safe (the concurrent pipeline's thread steps it while the
+    trainer checkpoints)."""
 
     def __init__(self, model: Mapping, limits: Limits, weights: Mapping[str, torch.Tensor], *, seed: int,
                  **engine_args):
-        engines = parallel.engine_groups()
-        if len(engines) != 1:
-            raise RuntimeError(f"{len(engines)} generator engine processes were started; this engine drives one "
-                               "(run.generator_gpus=1, in a job started by ablate.parallel.launch)")
-        (self.rank, self.control, self.weights_group), = engines
+        self.engines = parallel.engine_groups()
+        if not self.engines:
+            raise RuntimeError("no generator engine processes were started (run.generator_gpus > 0, in a job started "
+                               "by ablate.parallel.launch)")
+        self.weights_group = parallel.weights_group()
         self.limits = limits
         self._lock = threading.Lock()
         self._rows: dict[int, Sequence] = {}  # key -> the pipeline's own row object, updated in place as it ends
+        self._running = [0] * len(self.engines)  # rows running on each engine
         self._next_key = 0
-        self.waves: list[int] = []  # rows per wave in flight (the pipeline counts them)
-        reply = self._call("init", dict(model), limits, seed, engine_args)
-        self.device, self.weights_dtype = torch.device(reply["device"]), reply["dtype"]
+        self.waves: list[int] = []  # rows per wave in flight on the busiest engine (the pipeline counts them)
+        replies = self._all("init", per_engine=[(dict(model), limits, engine_seed(seed, i), engine_args)
+                                                for i in range(len(self.engines))])
+        self.device, self.weights_dtype = torch.device(replies[0]["device"]), replies[0]["dtype"]
         self.rng = _RemoteRng(self)
         self.load(weights, version=0)
 
@@ -78,59 +94,84 @@ class RemoteEngine:
         return len(self._rows)
 
     def start(self, rows: list[Sequence]) -> None:
-        keyed = {}
+        """The rows in contiguous slices, one per engine (the first engines take one more when they do not divide)."""
+        keyed = []
         for row in rows:
-            keyed[self._next_key] = row
+            keyed.append((self._next_key, row))
             self._next_key += 1
-        self.waves = self._call("start", list(keyed.items()))
+        n = len(self.engines)
+        bounds = [len(keyed) * i // n for i in range(n + 1)]
+        slices = [keyed[bounds[i]:bounds[i + 1]] for i in range(n)]
+        busy = [i for i, part in enumerate(slices) if part]
+        waves = self._all("start", per_engine=[(slices[i],) for i in busy], only=busy)
+        for i in busy:
+            self._running[i] += len(slices[i])
         self._rows.update(keyed)
+        self.waves = max(waves, key=len)
 
     def step(self) -> list[Sequence]:
-        ended, self.waves = self._call("step")
-        mine = []
-        for key, row in ended:
-            own = self._rows.pop(key)
-            own.__dict__.update(row.__dict__)  # the pipeline's object, as the engine left it
-            mine.append(own)
+        busy = [i for i, count in enumerate(self._running) if count]
+        mine, waves = [], []
+        for i, (ended, engine_waves) in zip(busy, self._all("step", only=busy)):
+            self._running[i] -= len(ended)
+            waves.append(engine_waves)
+            for key, row in ended:
+                own = self._rows.pop(key)
+                own.__dict__.update(row.__dict__)  # the pipeline's object, as the engine left it
+                mine.append(own)
+        self.waves = max(waves, key=len, default=[])
         return mine
 
     def load(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """The weights, one tensor at a time in the engine's dtype, over the weights group; the engine process
+        """The weights, one tensor at a time in the engines' dtype, broadcast to every engine at once; an engine
         refuses (before anything is sent) a set that misses one of its tensors or has one it lacks."""
         weights = weights if isinstance(weights, Mapping) else dict(weights)
         with self._lock:
-            _exchange(("load", version, list(weights)), 0, self.control)
-            self._raise(_exchange(None, self.rank, self.control))
+            self._ask_all(("load", version, list(weights)))
             for name, tensor in weights.items():
                 dist.broadcast(tensor.detach().to(self.weights_dtype).contiguous(), src=0, group=self.weights_group)
-            self._raise(_exchange(None, self.rank, self.control))
+            self._answers()
         self.version = version
 
-    def checksums(self) -> dict[str, str]:
-        """sha256 of each of the engine's tensors (its own copy, in its dtype)."""
-        return self._call("checksums")
+    def checksums(self) -> list[dict[str, str]]:
+        """sha256 of each of each engine's tensors (its own copy, in its dtype)."""
+        return self._all("checksums")
 
     def close(self) -> None:
-        if self.rank not in _CLOSED:
-            self._call("close")
-            _CLOSED.add(self.rank)
-
-    def _call(self, *request):
         with self._lock:
-            _exchange(request, 0, self.control)
-            return self._raise(_exchange(None, self.rank, self.control))
+            open_ = [i for i, (rank, _) in enumerate(self.engines) if rank not in _CLOSED]
+            if open_:
+                self._ask_all(("close",), only=open_)
+                _CLOSED.update(self.engines[i][0] for i in open_)
 
-    def _raise(self, reply):
-        status, payload = reply
-        if status == "error":
-            raise RuntimeError(f"the generator engine's process (rank {self.rank}): {payload}")
-        return payload
+    def _all(self, name: str, per_engine: list[tuple] | None = None, only: list[int] | None = None) -> list:
+        """One request to each engine (`only` these; `per_engine`: their own arguments), then their answers."""
+        with self._lock:
+            only = list(range(len(self.engines))) if only is None else only
+            for j, i in enumerate(only):
+                _exchange((name, *(per_engine[j] if per_engine else ())), 0, self.engines[i][1])
+            return self._answers(only)
+
+    def _ask_all(self, request: tuple, only: list[int] | None = None) -> list:
+        """The same request to each engine, each answering once (an error from any is raised)."""
+        only = list(range(len(self.engines))) if only is None else only
+        for i in only:
+            _exchange(request, 0, self.engines[i][1])
+        return self._answers(only)
+
+    def _answers(self, only: list[int] | None = None) -> list:
+        only = list(range(len(self.engines))) if only is None else only
+        replies = [(self.engines[i][0], _exchange(None, self.engines[i][0], self.engines[i][1])) for i in only]
+        for rank, (status, payload) in replies:
+            if status == "error":
+                raise RuntimeError(f"the generator engine's process (rank {rank}): {payload}")
+        return [payload for _, (_, payload) in replies]
 
 
 def release() -> None:
     """Rank 0, ending: close every engine process that was never started or closed (the trainer may have ended
     before building its generator), so that they leave their loop and the job ends together."""
-    for rank, control, _ in parallel.engine_groups():
+    for rank, control in parallel.engine_groups():
         if rank not in _CLOSED:  # waiting for its next request
             _exchange(("close",), 0, control)
             _exchange(None, rank, control)
@@ -144,7 +185,8 @@ def checksum(tensor: torch.Tensor) -> str:
 def serve() -> None:
     """The engine process: answer rank 0's requests until it says close."""
     rank = dist.get_rank()
-    ((_, control, weights_group),) = [e for e in parallel.engine_groups() if e[0] == rank]
+    ((_, control),) = [e for e in parallel.engine_groups() if e[0] == rank]
+    weights_group = parallel.weights_group()
     engine: Engine | None = None
     keys: dict[int, int] = {}  # id of a running row -> rank 0's key for it
     while True:
