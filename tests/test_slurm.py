@@ -96,6 +96,25 @@ def test_a_loo_sweep_is_one_job_array_that_completes_into_mlflow(layout, slurm, 
     assert len([j for j in jobs if j.split("_")[0] == manifest["jobs"][0]["job_id"].split("_")[0]]) == 9
 
 
+@pytest.mark.slow
+def test_a_job_of_trainer_ranks_and_an_engine_process_finishes(slurm, tmp_path):
+    """run=fsdp run.generator_gpus=1 on SLURM (generator=hf: the mock has no engine): the job's one task starts 2
+    trainer ranks and the generator's engine process (gloo), and the run finishes with the engine's figures."""
+    args = [a for a in SLURM if a != "generator=mock"]
+    out = run_cli("-m", "ablate", *args, "sweep=recipes", "sweep.recipes=[scalerl]", "run=fsdp",
+                  "run.generator_gpus=1", "launcher.gpus_per_node=3", "train.steps=10", "train.val_every=5",
+                  "task.n_val_prompts=16", cwd=tmp_path, env=slurm.env)
+    assert out.returncode == 0, out.stderr
+    status = _wait_until_done(tmp_path, timeout=600)
+    assert status.stdout.count(" completed ") == 1, status.stdout + status.stderr
+    client = tracking.client(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.get_experiment_by_name("tiny").experiment_id  # not the mock's tiny-dryrun
+    (run,) = [r for r in client.search_runs([exp]) if r.data.tags["ablate.role"] == "variant"]
+    assert run.info.status == "FINISHED"
+    assert run.data.params["trainer.ranks"] == "2" and run.data.params["run.generator_gpus"] == "1"
+    assert run.data.metrics["perf/engine_load_s"] > 0 and run.data.metrics["perf/generator_tokens_per_s_per_gpu"] > 0
+
+
 def test_a_gpu_request_reaches_the_job(slurm, tmp_path):
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/bash\necho CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES\n")

@@ -97,14 +97,15 @@ class Pipeline:
 
     def perf(self) -> dict:
         """Since the run started: the generator's idle and the trainer's waiting fractions. Since the last call
-        (a step): the engine's tokens per second (one engine, one device) and its seconds loading weights."""
+        (a step): the engines' tokens per second per engine (one device each) and their seconds loading weights."""
         now = time.perf_counter()
         wall = max(now - self.clock_start, 1e-9)
         with self.lock:
             window, self.window = self.window, {"start": now, "tokens": 0, "load_s": 0.0}
         return {"perf/generator_idle_frac": self.generator_idle_s / wall,
                 "perf/trainer_wait_frac": self.trainer_wait_s / wall,
-                "perf/generator_tokens_per_s_per_gpu": window["tokens"] / max(now - window["start"], 1e-9),
+                "perf/generator_tokens_per_s_per_gpu": window["tokens"] / max(now - window["start"], 1e-9)
+                / getattr(self.engine, "devices", 1),
                 "perf/engine_load_s": window["load_s"]}
 
     def close(self) -> None:

@@ -93,6 +93,11 @@ class RemoteEngine:
     def running(self) -> int:
         return len(self._rows)
 
+    @property
+    def devices(self) -> int:
+        """Engines (one device each) decoding the pipeline's rows."""
+        return len(self.engines)
+
     def start(self, rows: list[Sequence]) -> None:
         """The rows in contiguous slices, one per engine (the first engines take one more when they do not divide)."""
         keyed = []
@@ -201,11 +206,15 @@ def serve() -> None:
             elif name == "load":
                 version, names = args
                 own = engine.model.state_dict()
-                if set(names) != set(own):
-                    missing, extra = sorted(set(own) - set(names)), sorted(set(names) - set(own))
-                    raise ValueError(f"new weights miss {len(missing)} of the engine's tensors "
-                                     f"({', '.join(missing[:3])}) and have {len(extra)} it lacks "
-                                     f"({', '.join(extra[:3])})")
+                missing, extra = sorted(set(own) - set(names)), sorted(set(names) - set(own))
+                problems = []
+                if missing:
+                    problems.append(f"new weights miss {len(missing)} of the engine's tensors "
+                                    f"({', '.join(missing[:3])})")
+                if extra:
+                    problems.append(f"new weights have {len(extra)} tensors the engine lacks ({', '.join(extra[:3])})")
+                if problems:
+                    raise ValueError("; ".join(problems))
                 _exchange(("ok", None), rank, control)  # ready: rank 0 sends the tensors
                 engine.load(_received(names, own, weights_group), version)
                 reply = None
