@@ -164,14 +164,15 @@ def check_run(cfg: DictConfig) -> None:
     if g and not getattr(get_object(cfg.generator._target_), "engine_process", False):
         raise ValueError(f"run.generator_gpus={g}: generator={cfg.generator.name} has no engine that runs in a "
                          "process of its own (generator=hf has)")
+    layout, nodes = f"run.trainer_gpus={n}" + (f" + run.generator_gpus={g}" if g else ""), int(launcher.nodes)
     if launcher.gpus_per_node > 0:
-        held, layout = int(launcher.nodes) * int(launcher.gpus_per_node), f"run.trainer_gpus={n}"
-        if g:
-            layout += f" + run.generator_gpus={g}"
+        held = nodes * int(launcher.gpus_per_node)
         if n + g > held:
             raise ValueError(f"{layout} does not fit the job: launcher.nodes={launcher.nodes} x "
                              f"launcher.gpus_per_node={launcher.gpus_per_node} = {held} GPUs")
-        if n + g > int(launcher.gpus_per_node):
-            raise ValueError(f"{layout} spans more than one node of launcher.gpus_per_node="
-                             f"{launcher.gpus_per_node}: a run's processes start on one node (multi-node jobs are "
-                             "not built yet)")
+    if (n + g) % nodes:  # each node starts the same number of processes (ablate/parallel.py: launch)
+        raise ValueError(f"{layout} = {n + g} processes do not spread evenly over launcher.nodes={nodes}")
+    cluster = getattr(launcher.cluster, "value", launcher.cluster)  # an enum in a composed config, a str in a plain one
+    if nodes > 1 and cluster in ("local", "debug"):
+        raise ValueError(f"launcher.nodes={nodes} needs SLURM (launcher=slurm): launcher={cluster} runs on this "
+                         "machine alone")

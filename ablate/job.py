@@ -13,4 +13,6 @@ def run_variant(config: dict, run_id: str, tracking_uri: str) -> dict:
 
     cfg = OmegaConf.create(config)
     state = parallel.launch(cfg, train, cfg, run_id, tracking_uri)  # the layout's processes; one by default
+    if state is None:  # a node of a job of several, without rank 0: the run's result is node 0's
+        return {"run_id": run_id}
     return {"run_id": run_id, "step": state.step, "gpu_hours": state.gpu_hours, "diverged": state.diverged}

@@ -291,30 +291,39 @@ def engine_groups() -> list[tuple[int, object]]:
 def launch(cfg, fn, *args, **kwargs):
     """Run `fn(*args, **kwargs)` (the trainer) on the layout `cfg.run` names; return what it returns.
 
-    One trainer rank: here, in this process. More: `cfg.run.trainer_gpus` processes on this machine (torch's elastic
-    launcher, as torchrun; gloo on the CPU, nccl on GPUs), rank 0 running `fn`, the others following it. The job
-    itself is one process (a SLURM task, a local job): it starts the ranks, so `python -m ablate` is not to be run
-    under torchrun."""
+    One process in all (one trainer rank, no engine process): here, in this process. More: `cfg.run.trainer_gpus`
+    trainer ranks and `cfg.run.generator_gpus` engine processes (torch's elastic launcher, as torchrun; gloo on the
+    CPU, nccl on GPUs), rank 0 running `fn`, the other trainer ranks following it, the engine processes serving it.
+    The job itself is one process per node (a SLURM task, a local job): it starts its node's share of the ranks, so
+    `python -m ablate` is not to be run under torchrun. On a job of several nodes (`_nodes`) node i starts ranks
+    i x P .. i x P + P - 1 (P = the processes per node) and node 0 hosts the rendezvous; only node 0's call
+    returns what `fn` returned (rank 0 is there), the others return None."""
     trainers, engines = int(cfg.run.trainer_gpus), int(cfg.run.get("generator_gpus", 0))
     world = trainers + engines
-    if world == 1:
+    nodes, node, endpoint, run_id = _nodes()
+    if world == 1 and nodes == 1:
         return fn(*args, **kwargs)
+    if world % nodes:
+        raise ValueError(f"{world} processes do not spread evenly over the job's {nodes} nodes")
     from ablate.policy import device_of
 
-    if device_of(cfg.model).type == "cuda" and world > torch.cuda.device_count():
+    if device_of(cfg.model).type == "cuda" and world // nodes > torch.cuda.device_count():
         layout = f"run.trainer_gpus={trainers}" + (f" + run.generator_gpus={engines}" if engines else "")
-        raise ValueError(f"{layout}: this machine has {torch.cuda.device_count()} CUDA device(s), one per process "
+        raise ValueError(f"{layout}: this node has {torch.cuda.device_count()} CUDA device(s), one per process "
                          "(model.device=cpu runs them on the CPU)")
-    import uuid
-
     from omegaconf import OmegaConf
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     plain = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, rdzv_backend="c10d",
-                          rdzv_endpoint="localhost:0", run_id=uuid.uuid4().hex, max_restarts=0, start_method="spawn")
+    if nodes == 1:
+        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, rdzv_backend="c10d",
+                              rdzv_endpoint=endpoint, run_id=run_id, max_restarts=0, start_method="spawn")
+    else:  # static: node i's ranks are i x P.. whatever order the nodes start in (rank 0, the leader, on node 0)
+        config = LaunchConfig(min_nodes=nodes, max_nodes=nodes, nproc_per_node=world // nodes, rdzv_backend="static",
+                              rdzv_endpoint=endpoint, rdzv_configs={"rank": node}, run_id=run_id, max_restarts=0,
+                              start_method="spawn")
     # the launcher's notes on starting and stopping its workers (each of its modules has a logger with its own level)
     quiet = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
              if name.startswith("torch.distributed.elastic")]
@@ -354,11 +363,32 @@ def launch(cfg, fn, *args, **kwargs):
         if cpp_log is None:
             os.environ.pop("TORCH_CPP_LOG_LEVEL")
         signal.signal(signal.SIGUSR2, displaced)
+    if node != 0:  # rank 0 and its result are on node 0 (whose task requeues the job at SLURM's warning)
+        return None
     if warned and results[0] is None:  # rank 0 stopped at the warning, its checkpoint written: requeue
         if callable(displaced):
             displaced(signal.SIGUSR2, None)  # submitit: requeue, then SystemExit
         raise KeyboardInterrupt("SIGUSR2 with no handler to requeue the job")
     return results[0]
+
+
+def _nodes() -> tuple[int, int, str, str]:
+    """(nodes, this node's index, rendezvous endpoint, run id) of the job: SLURM's job of several nodes (one task
+    per node: submitit's default), the first node hosting the rendezvous on a port derived from the job id (every
+    node computes the same one); else this machine alone."""
+    import uuid
+
+    nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
+    if nodes == 1:
+        return 1, 0, "localhost:0", uuid.uuid4().hex
+    job, listed = os.environ["SLURM_JOB_ID"], os.environ["SLURM_JOB_NODELIST"]
+    head = listed
+    if "[" in listed or "," in listed:  # node[1-4] -> node1
+        import subprocess
+
+        head = subprocess.run(["scontrol", "show", "hostnames", listed], capture_output=True, text=True,
+                              check=True).stdout.split()[0]
+    return nodes, int(os.environ["SLURM_NODEID"]), f"{head}:{29500 + int(job) % 10000}", f"ablate-{job}"
 
 
 @record  # a rank's error goes to a file its launcher reads: the one line `launch` raises names it

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -432,8 +433,11 @@ BAD_LAYOUTS = [
     (["run=fsdp", "run.trainer_gpus=8", "run.generator_gpus=1", "launcher.gpus_per_node=8"],
      "run.trainer_gpus=8 + run.generator_gpus=1 does not fit the job: launcher.nodes=1 x launcher.gpus_per_node=8 "
      "= 8 GPUs"),
-    (["run=fsdp", "run.trainer_gpus=4", "launcher.gpus_per_node=2", "launcher.nodes=2"],
-     "run.trainer_gpus=4 spans more than one node of launcher.gpus_per_node=2"),
+    (["run=fsdp", "run.trainer_gpus=3", "launcher.gpus_per_node=2", "launcher.nodes=2"],
+     "run.trainer_gpus=3 = 3 processes do not spread evenly over launcher.nodes=2"),
+    (["run=fsdp", "run.generator_gpus=1", "launcher.nodes=2"],
+     "run.trainer_gpus=2 + run.generator_gpus=1 = 3 processes do not spread evenly over launcher.nodes=2"),
+    (["run=fsdp", "launcher=local", "launcher.nodes=2"], "launcher.nodes=2 needs SLURM (launcher=slurm)"),
     (["run.generator_gpus=-1"], "run.generator_gpus=-1: 0 (the engine in trainer rank 0's process) or more"),
     (["generator=mock", "run.generator_gpus=1"],
      "run.generator_gpus=1: generator=mock has no engine that runs in a process of its own"),
@@ -456,3 +460,47 @@ def test_a_bad_layout_is_one_line_from_the_cli_and_creates_no_run(tmp_path):
         "error: run.trainer_gpus=2 + run.generator_gpus=1 does not fit the job: launcher.nodes=1 x "
         "launcher.gpus_per_node=2 = 2 GPUs"]
     assert not (tmp_path / "mlflow.db").exists()  # no run was made
+
+
+def _free_rendezvous_job_id() -> int:
+    """A SLURM-like job id whose rendezvous port (29500 + id % 10000, ablate/parallel.py: _nodes) is free here."""
+    import random
+    import socket
+
+    for _ in range(100):
+        job = random.randrange(1, 10000)
+        with socket.socket() as s:
+            try:
+                s.bind(("localhost", 29500 + job))
+                return job
+            except OSError:
+                continue
+    raise RuntimeError("no free port in 29500..39499")
+
+
+def test_a_job_of_two_nodes_starts_its_ranks_on_both_and_finishes(tmp_path):
+    """What a SLURM job of 2 nodes runs, one task per node (`ablate.job.run_variant` with SLURM's variables; both
+    "nodes" on this machine): node 0 starts trainer ranks 0-1 and hosts the rendezvous, node 1 the 2 engine
+    processes (ranks 2-3); the run finishes, node 0's task returns the result and node 1's returns without one."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = tracking.client(uri)
+    run_id = tracking.create_variant_run(client, tracking.experiment_id(client, "nodes"), "scalerl", {})
+    config = OmegaConf.to_container(compose(["run=fsdp", "run.generator_gpus=2", "launcher.nodes=2", "model.device=cpu",
+                                             "train.steps=4", "train.val_every=2", "task.n_val_prompts=16",
+                                             f"paths.outputs={tmp_path}", f"paths.cache={tmp_path / 'cache'}"]),
+                                    resolve=True, enum_to_str=True)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    job = _free_rendezvous_job_id()
+    code = ("import json, sys; from ablate.job import run_variant; "
+            "print('RESULT', json.dumps(run_variant(json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3])))")
+    nodes = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "config.json"), run_id, uri], cwd=tmp_path,
+                              env={**os.environ, "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": str(i),
+                                   "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": str(job)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in (1, 0)]
+    outs = [node.communicate(timeout=240) for node in nodes]  # node 1 first: it waits for node 0's rendezvous
+    assert [node.returncode for node in nodes] == [0, 0], [err[-2000:] for _, err in outs]
+    results = [json.loads(out.split("RESULT ", 1)[1]) for out, _ in outs]
+    assert results[0] == {"run_id": run_id} and results[1]["step"] == 4
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.params["trainer.ranks"] == "2"
+    assert max(m.value for m in client.get_metric_history(run_id, "perf/engine_load_s")) > 0  # the engines loaded
