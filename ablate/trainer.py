@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -283,34 +284,35 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
     if tracker.client.get_run(run_id).info.status == "FINISHED":  # e.g. requeued just as it finished: done already
         print(f"run {run_id} is already FINISHED: nothing to do", file=sys.stderr, flush=True)
         return RunState(step=cfg.train.steps)
-    tokenizer = build_tokenizer(cfg.model)
-    task = build(cfg.task, tokenizer=tokenizer, seed=cfg.seed)
-    policy = build_policy(cfg.model, cfg.seed, tokenizer)
-    samples_policy = getattr(get_object(cfg.generator._target_), "samples_policy", True)  # not the mock
-    if cfg.task.warm_start_steps > 0 and samples_policy:  # the same warm-started weights for every variant
-        key = {"model": OmegaConf.to_container(cfg.model), "task": OmegaConf.to_container(cfg.task),
-               "seed": cfg.seed}  # the seed made the initial weights
-        cached_warm_start(policy, task, Path(cfg.paths.cache), key, steps=cfg.task.warm_start_steps,
-                          lr=cfg.task.warm_start_lr, batch_size=cfg.task.warm_start_batch,
-                          compute_dtype=compute_dtype(cfg.model))
-    prompt_filter, length_control = build(cfg.filtering), build(cfg.length_control)
-    learner = Learner(cfg, policy, ranks=build(cfg.run))
-    sampler = PromptSampler(task.size("train"), cfg.seed, prompt_filter, more=task.more_train)
-    generator = build(cfg.generator, cfg=cfg, task=task, sampler=sampler, policy=learner.whole_policy())
-    checkpoint = Checkpoint(folder)
-    state = RunState()
-    if checkpoint.load(state, learner, sampler, generator):
-        # Steps the killed process logged after its checkpoint stay as they are; none is logged twice, and the
-        # device-hours it spent after the checkpoint still count.
-        last = tracker.resume()
-        state.gpu_hours = max(state.gpu_hours, last.get("compute/gpu_hours", 0.0))
-        generator.reset_weights(learner.whole_policy(), state.step)
-        tracker.set_tags({"ablate.resumed_from": str(state.step)})
-        print(f"run {run_id} resumes from its step-{state.step} checkpoint", file=sys.stderr, flush=True)
-    else:
-        params = flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
-        tracker.log_params({**params, **generator.describe(), "trainer.ranks": learner.ranks.world})
-    tracker.client.update_run(run_id, status="RUNNING")
+    with _ends_run_on_error(tracker):  # a failure before the loop ends the run FAILED (KILLED: Ctrl-C), not SCHEDULED
+        tokenizer = build_tokenizer(cfg.model)
+        task = build(cfg.task, tokenizer=tokenizer, seed=cfg.seed)
+        policy = build_policy(cfg.model, cfg.seed, tokenizer)
+        samples_policy = getattr(get_object(cfg.generator._target_), "samples_policy", True)  # not the mock
+        if cfg.task.warm_start_steps > 0 and samples_policy:  # the same warm-started weights for every variant
+            key = {"model": OmegaConf.to_container(cfg.model), "task": OmegaConf.to_container(cfg.task),
+                   "seed": cfg.seed}  # the seed made the initial weights
+            cached_warm_start(policy, task, Path(cfg.paths.cache), key, steps=cfg.task.warm_start_steps,
+                              lr=cfg.task.warm_start_lr, batch_size=cfg.task.warm_start_batch,
+                              compute_dtype=compute_dtype(cfg.model))
+        prompt_filter, length_control = build(cfg.filtering), build(cfg.length_control)
+        learner = Learner(cfg, policy, ranks=build(cfg.run))
+        sampler = PromptSampler(task.size("train"), cfg.seed, prompt_filter, more=task.more_train)
+        generator = build(cfg.generator, cfg=cfg, task=task, sampler=sampler, policy=learner.whole_policy())
+        checkpoint = Checkpoint(folder)
+        state = RunState()
+        if checkpoint.load(state, learner, sampler, generator):
+            # Steps the killed process logged after its checkpoint stay as they are; none is logged twice, and the
+            # device-hours it spent after the checkpoint still count.
+            last = tracker.resume()
+            state.gpu_hours = max(state.gpu_hours, last.get("compute/gpu_hours", 0.0))
+            generator.reset_weights(learner.whole_policy(), state.step)
+            tracker.set_tags({"ablate.resumed_from": str(state.step)})
+            print(f"run {run_id} resumes from its step-{state.step} checkpoint", file=sys.stderr, flush=True)
+        else:
+            params = flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+            tracker.log_params({**params, **generator.describe(), "trainer.ranks": learner.ranks.world})
+        tracker.client.update_run(run_id, status="RUNNING")
     notice = PreemptionNotice()
     n_params = sum(p.numel() for p in learner.policy.parameters())
     l_max = cfg.generation.max_think_tokens + cfg.generation.max_answer_tokens
@@ -403,6 +405,23 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
     finally:
         notice.close()
     return state
+
+
+@contextmanager
+def _ends_run_on_error(tracker: RunLogger):
+    """The run's end in the store when its setup fails: KILLED on Ctrl-C, FAILED on an error; SLURM's warning
+    (SystemExit, to requeue) leaves it as it is."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        tracker.close("KILLED")
+        raise
+    except SystemExit:
+        tracker.flush()
+        raise
+    except BaseException:
+        tracker.close("FAILED")
+        raise
 
 
 def _staleness(rollouts: Rollouts, version: int) -> dict:

@@ -180,3 +180,15 @@ def test_the_cluster_metrics_of_a_step_by_hand():
     assert perf["perf/learner_s"] == 2.0 and perf["perf/engine_load_s"] == 0.5
     off = _cluster_perf(OmegaConf.create({"peak_tflops": 0.0}), 1000, ro, torch.tensor([True, True]), 2.0, 0.25, 1, {})
     assert "perf/trainer_mfu" not in off and off["perf/weight_sync_s"] == 0.25
+
+
+def test_a_run_whose_setup_fails_ends_failed_not_scheduled(tmp_path, mlflow_uri):
+    """A failure before the first step (here the policy: a vocabulary smaller than the tokenizer's) ends the run
+    FAILED in the store, with the error raised as it was; before, the run stayed SCHEDULED."""
+    cfg = compose(["generator=mock", "model.vocab_size=5", f"paths.outputs={tmp_path}"])
+    client = tracking.client(mlflow_uri)
+    run_id = tracking.create_variant_run(client, tracking.experiment_id(client, "setup"), "scalerl", {})
+    assert client.get_run(run_id).info.status == "SCHEDULED"
+    with pytest.raises(ValueError, match="model.vocab_size=5 is smaller than the tokenizer's"):
+        train(cfg, run_id, mlflow_uri)
+    assert client.get_run(run_id).info.status == "FAILED"
