@@ -308,13 +308,13 @@ def test_engines_in_their_own_processes_decode_as_in_this_one_and_hold_the_train
 
 
 def test_gpu_ranks_beyond_the_machines_cuda_devices_are_one_clear_error(monkeypatch):
-    """run=fsdp on GPUs takes one CUDA device per rank (two NCCL ranks on one GPU crash): too few is an error that
-    names both numbers, raised before any rank starts."""
+    """run=fsdp on GPUs takes one CUDA device per process on each node (two NCCL ranks on one GPU crash): too few is
+    an error that names both numbers, raised before any rank starts."""
     cfg = OmegaConf.create(_config("run=fsdp", "run.trainer_gpus=2"))
     cfg.model.device = "cuda"
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     started = []
-    with pytest.raises(ValueError, match=r"run.trainer_gpus=2: this machine has 1 CUDA device\(s\)"):
+    with pytest.raises(ValueError, match=r"run.trainer_gpus=2: this node has 1 CUDA device\(s\)"):
         parallel.launch(cfg, started.append, "trainer")
     assert started == []
 
