@@ -7,7 +7,7 @@ sum_{its rows} l * W, and the gradients are SUMMED across ranks (not averaged), 
 add up to the whole batch's loss sum_{all rows} l * W and its gradient. A world of 1 trains every row: the same step.
 
 - OneProcess: the default; no torch.distributed.
-- FSDP: torch's FSDP2 (`fully_shard` on a 1-D DeviceMesh over the default process group), one shard group per
+- FSDP: torch's FSDP2 (`fully_shard` on a 1-D DeviceMesh over the trainer ranks' group), one shard group per
   decoder layer plus the root (embeddings, final norm, LM head), with a MixedPrecisionPolicy: fp32 master weights
   (and AdamW state, and gradient reduction), the decoder layers gathered in the model's compute dtype. The root is
   gathered in fp32: the LM head's dtype is the precision option's (ablate/rl/precision.py casts it), as in one
@@ -16,11 +16,12 @@ add up to the whole batch's loss sum_{all rows} l * W and its gradient. A world 
 Both answer the same questions (the Learner's: wrap, share, passes, total, sync_gradients; the checkpoint's:
 save, load, prune; the generator's: weights), so none of them asks which one it has.
 
-Processes (FSDP): `launch` starts one process per trainer rank on this machine (torch's elastic launcher, what
-torchrun runs). Rank 0 leads: it runs the trainer loop as one process would (generator, tracking, validation,
-checkpoints), and before each call that needs every rank (a learner step, gathering the weights for the generator,
-saving or loading the learner's shards) it broadcasts the call to the other ranks, which follow (`follow`): they
-hold their shards and train their rows, nothing else.
+Processes: `launch` starts one process per trainer rank and one per generator engine (run.generator_gpus), on
+this machine or on each node of the job (torch's elastic launcher, what torchrun runs). Rank 0 leads: it runs the
+trainer loop as one process would (generator, tracking, validation, checkpoints), and before each call that needs
+every trainer rank (a learner step, gathering the weights for the generator, saving or loading the learner's
+shards) it broadcasts the call to the other trainer ranks, which follow (`follow`): they hold their shards and
+train their rows, nothing else. The engine processes answer rank 0's generator (ablate/generators/remote.py).
 
 Checkpoints: one process puts the weights and AdamW's state into the checkpoint's payload, as torch state dicts.
 FSDP writes them with torch.distributed.checkpoint (DCP), each rank its own shards, into a folder named by the step
@@ -106,7 +107,7 @@ class OneProcess:
 
 
 class FSDP:
-    """Data parallel over the default process group with FSDP2 (torch.distributed.fsdp.fully_shard).
+    """Data parallel over the trainer ranks' process group with FSDP2 (torch.distributed.fsdp.fully_shard).
 
     Rows are dealt to the ranks by length (`_dealt`); every rank then runs as many forward/backward passes as the
     busiest one (FSDP's all-gathers and reduce-scatters pair up across ranks), a rank with fewer micro-batches
