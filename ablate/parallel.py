@@ -373,13 +373,24 @@ def launch(cfg, fn, *args, **kwargs):
     return results[0]
 
 
+def node_count() -> int:
+    """The nodes of this job: SLURM's job of several, else 1."""
+    return int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
+
+
+def devices_held(device: torch.device) -> int:
+    """Every device the job holds, for its GPU-hours: each node's visible GPUs (trainer and generator GPUs alike, in
+    use or not) x its nodes; a CPU counts one device a node."""
+    return (torch.cuda.device_count() if device.type == "cuda" else 1) * node_count()
+
+
 def _nodes() -> tuple[int, int, str, str]:
     """(nodes, this node's index, rendezvous endpoint, run id) of the job: SLURM's job of several nodes (one task
     per node: submitit's default), the first node hosting the rendezvous on a port derived from the job id (every
     node computes the same one); else this machine alone."""
     import uuid
 
-    nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
+    nodes = node_count()
     if nodes == 1:
         return 1, 0, "localhost:0", uuid.uuid4().hex
     job, listed = os.environ["SLURM_JOB_ID"], os.environ["SLURM_JOB_NODELIST"]

@@ -504,3 +504,13 @@ def test_a_job_of_two_nodes_starts_its_ranks_on_both_and_finishes(tmp_path):
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.params["trainer.ranks"] == "2"
     assert max(m.value for m in client.get_metric_history(run_id, "perf/engine_load_s")) > 0  # the engines loaded
+
+
+def test_the_devices_a_job_holds_count_every_gpu_of_every_node(monkeypatch):
+    """compute/gpu_hours counts every GPU the job holds: 8 visible on each of 10 nodes = 80 (the paper's layout),
+    not the 8 rank 0 sees; a CPU is one device a node."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "10")
+    assert parallel.devices_held(torch.device("cuda")) == 80 and parallel.devices_held(torch.device("cpu")) == 10
+    monkeypatch.delenv("SLURM_JOB_NUM_NODES")
+    assert parallel.devices_held(torch.device("cuda")) == 8 and parallel.devices_held(torch.device("cpu")) == 1

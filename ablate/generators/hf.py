@@ -2,10 +2,11 @@
 pipeline (ablate/generators/pipeline.py), on CPU or one GPU. Validation samples the trainer's current policy.
 
 Compute: every device the job holds is busy for the whole wall-clock time of the run (the generator and the
-trainer share them), so each step adds devices x its wall-clock seconds: all visible GPUs, or 1 for the CPU. With
-train.reference_tflops set, a step adds the device-hours its FLOPs take at that throughput on the layout
-train.reference_layout names instead (ablate/compute.py): on a shared machine wall time measures the neighbours as
-much as the run, and FLOPs are the same on every run of the same tokens.
+trainer share them), so each step adds devices x its wall-clock seconds: all visible GPUs of every node of the job,
+or 1 a node for the CPU (ablate/parallel.py: devices_held). With train.reference_tflops set, a step adds the
+device-hours its FLOPs take at that throughput on the layout train.reference_layout names instead
+(ablate/compute.py): on a shared machine wall time measures the neighbours as much as the run, and FLOPs are the
+same on every run of the same tokens.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from ablate import parallel
 from ablate.compute import ReferenceClock, StepFlops
 from ablate.generators.engine import Engine, Limits
 from ablate.generators.pipeline import Pipeline
@@ -56,7 +58,7 @@ class HFGenerator(Pipeline):
                          samples_per_prompt=int(cfg.batch.samples_per_prompt), max_waves=max_waves,
                          max_think_tokens=int(cfg.generation.max_think_tokens), concurrent=concurrent, seed=cfg.seed)
         self.val_wave_rows = val_wave_rows
-        self.devices = torch.cuda.device_count() if engine.device.type == "cuda" else 1
+        self.devices = parallel.devices_held(engine.device)
         self.clock = None
         if cfg.train.reference_tflops:
             layout = cfg.train.reference_layout
