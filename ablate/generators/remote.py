@@ -112,7 +112,7 @@ class RemoteEngine:
         for i in busy:
             self._running[i] += len(slices[i])
         self._rows.update(keyed)
-        self.waves = max(waves, key=len)
+        self.waves = max(waves, key=len, default=self.waves)
 
     def step(self) -> list[Sequence]:
         busy = [i for i, count in enumerate(self._running) if count]
@@ -132,7 +132,7 @@ class RemoteEngine:
         refuses (before anything is sent) a set that misses one of its tensors or has one it lacks."""
         weights = weights if isinstance(weights, Mapping) else dict(weights)
         with self._lock:
-            self._ask_all(("load", version, list(weights)))
+            self._ask("load", version, list(weights))
             for name, tensor in weights.items():
                 dist.broadcast(tensor.detach().to(self.weights_dtype).contiguous(), src=0, group=self.weights_group)
             self._answers()
@@ -146,22 +146,19 @@ class RemoteEngine:
         with self._lock:
             open_ = [i for i, (rank, _) in enumerate(self.engines) if rank not in _CLOSED]
             if open_:
-                self._ask_all(("close",), only=open_)
+                self._ask("close", only=open_)
                 _CLOSED.update(self.engines[i][0] for i in open_)
 
-    def _all(self, name: str, per_engine: list[tuple] | None = None, only: list[int] | None = None) -> list:
-        """One request to each engine (`only` these; `per_engine`: their own arguments), then their answers."""
+    def _all(self, name: str, *shared, per_engine: list[tuple] | None = None, only: list[int] | None = None) -> list:
         with self._lock:
-            only = list(range(len(self.engines))) if only is None else only
-            for j, i in enumerate(only):
-                _exchange((name, *(per_engine[j] if per_engine else ())), 0, self.engines[i][1])
-            return self._answers(only)
+            return self._ask(name, *shared, per_engine=per_engine, only=only)
 
-    def _ask_all(self, request: tuple, only: list[int] | None = None) -> list:
-        """The same request to each engine, each answering once (an error from any is raised)."""
+    def _ask(self, name: str, *shared, per_engine: list[tuple] | None = None, only: list[int] | None = None) -> list:
+        """(The lock held.) One request to each engine, `only` these: the `shared` arguments, then its own from
+        `per_engine`; all are sent before any answer is awaited. Their answers, in order; an error from any raises."""
         only = list(range(len(self.engines))) if only is None else only
-        for i in only:
-            _exchange(request, 0, self.engines[i][1])
+        for j, i in enumerate(only):
+            _exchange((name, *shared, *(per_engine[j] if per_engine else ())), 0, self.engines[i][1])
         return self._answers(only)
 
     def _answers(self, only: list[int] | None = None) -> list:
