@@ -164,7 +164,9 @@ def check_run(cfg: DictConfig) -> None:
     if g and not getattr(get_object(cfg.generator._target_), "engine_process", False):
         raise ValueError(f"run.generator_gpus={g}: generator={cfg.generator.name} has no engine that runs in a "
                          "process of its own (generator=hf has)")
-    layout, nodes = f"run.trainer_gpus={n}" + (f" + run.generator_gpus={g}" if g else ""), int(launcher.nodes)
+    from ablate.parallel import layout_name
+
+    layout, nodes = layout_name(n, g), int(launcher.nodes)
     if launcher.gpus_per_node > 0:
         held = nodes * int(launcher.gpus_per_node)
         if n + g > held:

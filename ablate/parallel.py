@@ -309,8 +309,7 @@ def launch(cfg, fn, *args, **kwargs):
     from ablate.policy import device_of
 
     if device_of(cfg.model).type == "cuda" and world // nodes > torch.cuda.device_count():
-        layout = f"run.trainer_gpus={trainers}" + (f" + run.generator_gpus={engines}" if engines else "")
-        raise ValueError(f"{layout}: this node has {torch.cuda.device_count()} CUDA device(s), one per process "
+        raise ValueError(f"{layout_name(trainers, engines)}: this node has {torch.cuda.device_count()} CUDA device(s), one per process "
                          "(model.device=cpu runs them on the CPU)")
     from omegaconf import OmegaConf
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -373,6 +372,11 @@ def launch(cfg, fn, *args, **kwargs):
     return results[0]
 
 
+def layout_name(trainers: int, engines: int) -> str:
+    """The layout as its config keys say it, for errors: `run.trainer_gpus=2 + run.generator_gpus=1`."""
+    return f"run.trainer_gpus={trainers}" + (f" + run.generator_gpus={engines}" if engines else "")
+
+
 def node_count() -> int:
     """The nodes of this job: SLURM's job of several, else 1."""
     return int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
@@ -418,9 +422,10 @@ def _rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
     if on_gpu:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if on_gpu else "gloo")
-    _make_groups(int(cfg["run"]["trainer_gpus"]))
+    trainers = int(cfg["run"]["trainer_gpus"])
+    _make_groups(trainers)
     try:
-        if dist.get_rank() >= int(cfg["run"]["trainer_gpus"]):  # a generator engine's process: serve rank 0
+        if dist.get_rank() >= trainers:  # a generator engine's process: serve rank 0
             signal.signal(signal.SIGUSR2, signal.SIG_IGN)
             result = remote.serve()
         elif dist.get_rank() != 0:
