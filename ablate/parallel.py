@@ -14,14 +14,16 @@ add up to the whole batch's loss sum_{all rows} l * W and its gradient. A world 
   process.
 
 Both answer the same questions (the Learner's: wrap, share, passes, total, sync_gradients; the checkpoint's:
-save, load, prune; the generator's: weights), so none of them asks which one it has.
+save, load, prune; the generator's: stream, gathered, wrapped as `Weights`), so none of them asks which one it
+has.
 
 Processes: `launch` starts one process per trainer rank and one per generator engine (run.generator_gpus), on
 this machine or on each node of the job (torch's elastic launcher, what torchrun runs). Rank 0 leads: it runs the
 trainer loop as one process would (generator, tracking, validation, checkpoints), and before each call that needs
 every trainer rank (a learner step, gathering the weights for the generator, saving or loading the learner's
 shards) it broadcasts the call to the other trainer ranks, which follow (`follow`): they hold their shards and
-train their rows, nothing else. The engine processes answer rank 0's generator (ablate/generators/remote.py).
+train their rows, nothing else. The engine processes answer rank 0's generator (ablate/generators/remote.py);
+with them rank 0 keeps no whole copy of the policy: each step's weights are streamed from the shards to them.
 
 Checkpoints: one process puts the weights and AdamW's state into the checkpoint's payload, as torch state dicts.
 FSDP writes them with torch.distributed.checkpoint (DCP), each rank its own shards, into a folder named by the step
@@ -98,6 +100,8 @@ class OneProcess:
         """The full weights, (name, tensor) one tensor at a time: what a generator engine loads."""
         yield from policy.state_dict().items()
 
+    stream = weights  # one process: nothing to lead
+
     def gathered(self, policy: torch.nn.Module) -> torch.nn.Module:
         """The policy with the trainer's current weights, whole: here, the trainer's own."""
         return policy
@@ -118,7 +122,7 @@ class FSDP:
 
     ranks = (2, None)
 
-    def __init__(self, trainer_gpus: int = 2, **_: object) -> None:
+    def __init__(self, trainer_gpus: int = 2, generator_gpus: int = 0, **_: object) -> None:
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
@@ -129,7 +133,10 @@ class FSDP:
         if self.world != trainer_gpus:
             raise ValueError(f"run.trainer_gpus={trainer_gpus}, but {self.world} ranks were started")
         self.leads = _LEADING and self.rank == 0
-        self.full: torch.nn.Module | None = None  # rank 0's unsharded copy, for the generator (`gathered`)
+        # rank 0's unsharded copy (`gathered`), for an engine in its process and validation there; none when the
+        # engines have processes of their own: they get the weights streamed from the shards and validate there
+        self.keeps_whole = self.rank == 0 and not generator_gpus
+        self.full: torch.nn.Module | None = None
         self.device = torch.device("cpu")  # of the small tensors this layout reduces: the weights' device, once wrapped
 
     def wrap(self, scorer: torch.nn.Module) -> torch.nn.Module:
@@ -142,7 +149,7 @@ class FSDP:
         with torch.no_grad():  # every rank starts from rank 0's weights (its warm start, or its checkpoint's)
             for tensor in scorer.state_dict().values():
                 dist.broadcast(tensor, src=0, group=self.group)
-        if self.rank == 0:
+        if self.keeps_whole:
             self.full = copy.deepcopy(scorer.model)
         mesh = DeviceMesh.from_group(self.group, self.device.type)  # the trainer ranks (engine processes apart)
         gathered = None if scorer.compute_dtype == torch.float32 else scorer.compute_dtype
@@ -171,8 +178,11 @@ class FSDP:
 
     def gathered(self, policy: torch.nn.Module) -> torch.nn.Module | None:
         """Rank 0's unsharded copy of the policy with the trainer's current weights (gathered tensor by tensor), for
-        the generator and validation; None on the other ranks. The copy costs rank 0 one model of memory: the CPU
-        and one-GPU engines decode on it (at the paper's scale the weights go to the vLLM engines instead)."""
+        an engine in rank 0's process and validation there; None on the other ranks. The copy costs rank 0 one model
+        of memory, so it exists only without engine processes (run.generator_gpus=0): those take `stream`."""
+        if self.rank == 0 and self.full is None:
+            raise RuntimeError("rank 0 keeps no whole copy of the policy when the generator's engines have processes "
+                               "of their own (run.generator_gpus > 0): stream the weights to them (Weights.stream)")
         self._lead("gather")
         if self.rank != 0:
             for _ in self.weights(policy):
@@ -237,6 +247,11 @@ class FSDP:
         for name, tensor in policy.state_dict().items():
             yield name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
+    def stream(self, policy: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+        """Rank 0: `weights`, with the other trainer ranks taking part in each gather (they follow a "stream")."""
+        self._lead("stream")
+        yield from self.weights(policy)
+
     def _lead(self, name: str, *args) -> None:
         """On the leading rank 0: tell the following ranks to make the same call (`follow`)."""
         if self.leads:
@@ -248,6 +263,34 @@ class FSDP:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=self.group)
         return float(t.item())
+
+
+class Weights:
+    """The trainer's current weights as a generator takes them, whatever the layout holds: `names`, then `stream`,
+    (name, full tensor) one at a time (FSDP: gathered from the shards on every trainer rank as they are taken, at
+    most one full tensor beside them), for engines that keep their own copy; or `module`, the policy whole (the
+    trainer's own in one process; FSDP: rank 0's gathered copy, gathered once per Weights), for what decodes in the
+    trainer's process. A step's weights are one Weights: publishing and validating them gather once."""
+
+    def __init__(self, ranks, policy: torch.nn.Module):
+        self.ranks, self.policy = ranks, policy
+        self._module: torch.nn.Module | None = None
+
+    def names(self) -> list[str]:
+        return list(self.policy.state_dict())
+
+    def stream(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self.ranks.stream(self.policy)
+
+    def module(self) -> torch.nn.Module:
+        if self._module is None:
+            self._module = self.ranks.gathered(self.policy)
+        return self._module
+
+
+def weights_of(policy: torch.nn.Module | Weights) -> Weights:
+    """A policy module (a test's, a tool's) as the trainer's Weights are taken; Weights as they are."""
+    return policy if isinstance(policy, Weights) else Weights(OneProcess(), policy)
 
 
 # ---- the processes of run=fsdp: started by `launch`, rank 0 leading, the others following
@@ -490,6 +533,9 @@ def follow(cfg) -> None:
                 pass
         elif name == "gather":
             ranks.gathered(learner.policy)
+        elif name == "stream":
+            for _ in ranks.weights(learner.policy):
+                pass
         elif name == "save":
             ranks.save(learner, *args)
         elif name == "load":

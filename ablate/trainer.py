@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ablate.compute import StepFlops
 from ablate.config import flatten
-from ablate.parallel import SHARDS, OneProcess
+from ablate.parallel import SHARDS, OneProcess, Weights
 from ablate.policy import Scorer, build_policy, build_tokenizer, compute_dtype
 from ablate.registry import build
 from ablate.rl.aggregation import token_weights
@@ -70,10 +70,10 @@ class Learner:
         warmup = max(cfg.optim.warmup_steps, 1)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
 
-    def whole_policy(self) -> torch.nn.Module | None:
-        """The policy with the current weights, whole, for the generator and validation (the trainer's own in one
-        process; FSDP: rank 0's gathered copy, None on the other ranks)."""
-        return self.ranks.gathered(self.policy)
+    def weights(self) -> Weights:
+        """The current weights as the generator and validation take them: streamed from the shards, or whole
+        (ablate/parallel.py: Weights); taken after this step, before the next."""
+        return Weights(self.ranks, self.policy)
 
     def step(self, ro: Rollouts, rewards: torch.Tensor, keep: torch.Tensor) -> dict:
         self.ranks.lead_step(ro, rewards, keep)  # FSDP's rank 0: the other ranks take the same step
@@ -298,7 +298,7 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
         prompt_filter, length_control = build(cfg.filtering), build(cfg.length_control)
         learner = Learner(cfg, policy, ranks=build(cfg.run))
         sampler = PromptSampler(task.size("train"), cfg.seed, prompt_filter, more=task.more_train)
-        generator = build(cfg.generator, cfg=cfg, task=task, sampler=sampler, policy=learner.whole_policy())
+        generator = build(cfg.generator, cfg=cfg, task=task, sampler=sampler, policy=learner.weights())
         checkpoint = Checkpoint(folder)
         state = RunState()
         if checkpoint.load(state, learner, sampler, generator):
@@ -306,7 +306,7 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
             # device-hours it spent after the checkpoint still count.
             last = tracker.resume()
             state.gpu_hours = max(state.gpu_hours, last.get("compute/gpu_hours", 0.0))
-            generator.reset_weights(learner.whole_policy(), state.step)
+            generator.reset_weights(learner.weights(), state.step)
             tracker.set_tags({"ablate.resumed_from": str(state.step)})
             print(f"run {run_id} resumes from its step-{state.step} checkpoint", file=sys.stderr, flush=True)
         else:
@@ -320,7 +320,7 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
     try:
         # ---- train
         if state.step == 0:
-            pass_rate = generator.validate(0.0, policy=learner.whole_policy(), step=0)
+            pass_rate = generator.validate(0.0, policy=learner.weights(), step=0)
             tracker.log_metrics({"val/pass_rate": pass_rate, "compute/gpu_hours": 0.0, "compute/flops": 0.0}, step=0)
         tick = time.perf_counter()  # device time runs from here: every second of the job counts, waits included
         for step in range(state.step + 1, cfg.train.steps + 1):
@@ -344,8 +344,8 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
                 log.warning("run %s diverged at step %d: %s", run_id, step, err)
                 break
             began = time.perf_counter()
-            whole = learner.whole_policy()
-            generator.publish(whole, step)
+            weights = learner.weights()
+            generator.publish(weights, step)
             now = time.perf_counter()
             publish_s = now - began
             wall, tick = now - tick, now
@@ -370,7 +370,7 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
                                 generator.perf()),
             }
             if step % cfg.train.val_every == 0 or step == cfg.train.steps:
-                metrics["val/pass_rate"] = generator.validate(state.gpu_hours, policy=whole, step=step)
+                metrics["val/pass_rate"] = generator.validate(state.gpu_hours, policy=weights, step=step)
             if step % cfg.train.log_every == 0 or "val/pass_rate" in metrics:
                 tracker.log_metrics(metrics, step=step)
             if step % cfg.train.checkpoint_every == 0 and step < cfg.train.steps:

@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 
 from ablate import parallel, tracking
 from ablate.config import compose
-from ablate.generators.engine import Engine, Limits, Sequence
+from ablate.generators.engine import Engine, Limits, Sequence, decode
 from ablate.parallel import OneProcess, _dealt
 from ablate.policy import build_policy
 from ablate.registry import build
@@ -305,6 +305,85 @@ def test_engines_in_their_own_processes_decode_as_in_this_one_and_hold_the_train
     assert len(out["engines"]) == engines and all(c == out["trainer"] for c in out["engines"]) and out["trainer"]
     assert "miss 1 of the engine's tensors (model.norm.weight)" in out["refused"]
     assert out["version"] == 1 and out["same_rng"] == [True] * engines
+
+
+def _streamed(rank: int, init_file: str, out: str) -> None:
+    """Ranks 0, 1: FSDP trainer ranks with run.generator_gpus=1 (rank 0 keeps no whole copy), driven by hand as
+    `follow` would drive rank 1; rank 2: the engine process. After a step, rank 0 stages the weights (streamed from
+    the shards, rank 1 taking part in each gather), the engine takes them, and the validation rows are decoded on the
+    engine's staging copy and, for comparison, here on a whole copy made from the same stream."""
+    import torch.distributed as dist
+
+    from ablate.generators import remote
+    from ablate.parallel import FSDP
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=3)
+    try:
+        parallel._make_groups(trainers=2)
+        if rank == 2:
+            remote.serve()
+        else:
+            cfg = OmegaConf.create(_config("optim.lr=1e-3"))
+            ranks = FSDP(trainer_gpus=2, generator_gpus=1)
+            learner = Learner(cfg, ranks=ranks)
+            learner.step(*_batch(cfg))
+            if rank == 1:  # as `follow` would: the streams rank 0 takes below, and its second step
+                for streams in (2, None, 2):
+                    if streams is None:
+                        learner.step(*_batch(cfg, prompts=range(4, 8)))
+                        continue
+                    for _ in range(streams):
+                        for _ in ranks.weights(learner.policy):
+                            pass
+            else:
+                limits = Limits(6, 4, (0,), None)
+                args = {"head_dtype": torch.float32, "temperature": 1.0, "pad_id": 0,
+                        "compute_dtype": torch.float32}
+                weights = learner.weights()
+                engine = remote.RemoteEngine(OmegaConf.to_container(cfg.model), limits, weights, seed=3, **args)
+                first = {n: remote.checksum(t) for n, t in learner.weights().stream()}
+                try:
+                    weights.module()
+                    refused = ""
+                except RuntimeError as err:
+                    refused = str(err)
+                learner.step(*_batch(cfg, prompts=range(4, 8)))
+                engine.stage(learner.weights(), version=1)  # staged, not taken: the engine decodes on with step 1's
+                whole = build_policy(cfg.model, cfg.seed + 1).eval()
+                whole.load_state_dict(dict(learner.weights().stream()))
+                second = {n: remote.checksum(t) for n, t in whole.state_dict().items()}
+                rows = {side: [Sequence(i, 1, [5 + i, 7, 9 + i]) for i in range(7)] for side in ("here", "there")}
+                engine.decode_staged(rows["there"], seed=11, max_waves=2, wave_rows=3)
+                decode(Engine(whole, limits, seed=11, **args), rows["here"], max_waves=2, wave_rows=3)
+                live = engine.checksums()[0]
+                engine.load(None, version=1)
+                torch.save({"full": ranks.full, "refused": refused, "first": first, "second": second, "live": live,
+                            "taken": engine.checksums()[0], "version": engine.version,
+                            "rows": {side: [vars(r) for r in rs] for side, rs in rows.items()}}, out)
+                engine.close()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_with_an_engine_process_the_weights_stream_from_the_shards_and_validation_runs_there(tmp_path):
+    """run=fsdp run.generator_gpus=1: rank 0 never holds the whole policy (no copy, and asking for one is an error
+    naming why); the engine's tensors after a stream have the sha256 of the trainer's full tensors; new weights
+    staged leave the decoding copy alone until the engine takes them; validation rows decoded on the staging copy
+    (the newest weights) are token for token those decoded here on the same weights."""
+    torch.multiprocessing.start_processes(_streamed, args=(str(tmp_path / "init"), str(tmp_path / "out")),
+                                          nprocs=3, start_method="spawn")
+    out = torch.load(tmp_path / "out", weights_only=False)
+    assert out["full"] is None and "rank 0 keeps no whole copy of the policy" in out["refused"]
+    assert len(out["first"]) > 5 and out["first"] != out["second"]  # the second step changed the weights
+    assert out["live"] == out["first"]  # staging step 2's weights left the decoding copy as it was
+    assert out["taken"] == out["second"] and out["version"] == 1  # until the engine took them
+    here, there = out["rows"]["here"], out["rows"]["there"]
+    assert all(r["done"] for r in there) and sum(len(r["tokens"]) for r in there) > 7
+    assert [r["tokens"] for r in there] == [r["tokens"] for r in here]
+    assert [lp for r in there for lp in r["logprobs"]] == pytest.approx([lp for r in here for lp in r["logprobs"]],
+                                                                       abs=1e-5)
 
 
 def test_gpu_ranks_beyond_the_machines_cuda_devices_are_one_clear_error(monkeypatch):

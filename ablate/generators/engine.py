@@ -106,6 +106,8 @@ class _Wave:
 class Engine:
     """Decode loop over `model` (its own copy of the weights, or the trainer's for validation)."""
 
+    stages = False  # takes new weights as `load` is given them (engines in processes of their own stage them first)
+
     def __init__(self, model: torch.nn.Module, limits: Limits, *, head_dtype: torch.dtype, temperature: float,
                  pad_id: int, seed: int, version: int = 0, compute_dtype: torch.dtype = torch.float32):
         self.model, self.limits = model, limits
@@ -205,3 +207,13 @@ class Engine:
         if head.bias is not None:
             logits = logits + head.bias.to(self.head_dtype)
         return logits.float() / self.temperature
+
+
+def decode(engine, rows: list[Sequence], max_waves: int, wave_rows: int) -> None:
+    """Every row to its end on `engine`: waves of `wave_rows` rows, at most `max_waves` of them running (validation)."""
+    queue = list(rows)
+    while queue or engine.running:
+        while queue and len(engine.waves) < max_waves:
+            engine.start(queue[:wave_rows])
+            del queue[:wave_rows]
+        engine.step()

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ablate import parallel
 from ablate.compute import ReferenceClock, StepFlops
-from ablate.generators.engine import Engine, Limits
+from ablate.generators.engine import Engine, Limits, decode
 from ablate.generators.pipeline import Pipeline
 from ablate.generators.remote import RemoteEngine
 from ablate.policy import compute_dtype
@@ -46,7 +46,7 @@ class HFGenerator(Pipeline):
     engine_process = True  # its engine can run in a process of its own (run.generator_gpus=1: generators/remote.py)
 
     def __init__(self, max_waves: int, concurrent: bool, val_wave_rows: int, *, cfg: DictConfig, task, sampler,
-                 policy: torch.nn.Module, **_: object):
+                 policy: torch.nn.Module | parallel.Weights, **_: object):
         self.cfg = cfg
         length_control = build(cfg.length_control)
         self.limits = limits_for(cfg, task.tokenizer, length_control)
@@ -65,34 +65,37 @@ class HFGenerator(Pipeline):
             self.clock = ReferenceClock(float(cfg.train.reference_tflops), None if layout is None else list(layout),
                                         self.off_policy)
 
-    def make_engine(self, policy: torch.nn.Module, tokenizer) -> Engine | RemoteEngine:
+    def make_engine(self, policy: torch.nn.Module | parallel.Weights, tokenizer) -> Engine | RemoteEngine:
         """The engine that decodes the pipeline's rows: ours, on its own copy of the policy in the compute dtype; in
-        this process, or (run.generator_gpus=1) in the engine process the job started, fed the policy's weights."""
+        this process, or (run.generator_gpus=N) in the engine processes the job started, streamed the weights."""
+        weights = parallel.weights_of(policy)
         if int(self.cfg.run.get("generator_gpus", 0)):
             model = OmegaConf.to_container(self.cfg.model, resolve=True)
-            return RemoteEngine(model, self.limits, policy.state_dict(), seed=self.cfg.seed, **self.engine_args)
-        model = copy.deepcopy(policy).to(self.engine_args["compute_dtype"]).eval()
+            return RemoteEngine(model, self.limits, weights, seed=self.cfg.seed, **self.engine_args)
+        model = copy.deepcopy(weights.module()).to(self.engine_args["compute_dtype"]).eval()
         return Engine(model, self.limits, seed=self.cfg.seed, **self.engine_args)
 
     def describe(self) -> dict:
         return {"generator.devices": self.devices}
 
-    def validate(self, compute: float, *, policy: torch.nn.Module, step: int) -> float:
+    def validate(self, compute: float, *, policy: torch.nn.Module | parallel.Weights, step: int) -> float:
         """mean@k pass rate over the validation split: k = task.val_samples samples per prompt, sampled from the
-        trainer's current policy with the run's generation settings (seeded by the step: reproducible)."""
+        trainer's current policy with the run's generation settings (seeded by the step: reproducible). Engines in
+        processes of their own sample it there, from the weights just published to them (their staging copy, in
+        their dtype; the rows dealt across them); otherwise this process samples the policy itself."""
         task, k = self.task, int(self.cfg.task.val_samples)
-        engine = Engine(policy, self.limits, seed=self.cfg.seed * 1_000_003 + step, **self.engine_args)
+        seed = self.cfg.seed * 1_000_003 + step
         rng = np.random.default_rng([self.cfg.seed, step, 11])
         rows = [row for index in range(task.size("val")) for row in self._rows("val", index, 0, k, rng)]
-        was_training = policy.training
-        policy.eval()
-        queue = list(rows)
-        while queue or engine.running:
-            while queue and len(engine.waves) < self.max_waves:
-                engine.start(queue[:self.val_wave_rows])
-                del queue[:self.val_wave_rows]
-            engine.step()
-        policy.train(was_training)
+        if self.engine.stages:
+            self.engine.decode_staged(rows, seed, self.max_waves, self.val_wave_rows)
+        else:
+            module = parallel.weights_of(policy).module()
+            was_training = module.training
+            module.eval()
+            decode(Engine(module, self.limits, seed=seed, **self.engine_args), rows, self.max_waves,
+                   self.val_wave_rows)
+            module.train(was_training)
         return float(np.mean([self._passed("val", r) for r in rows]))
 
     def step_gpu_hours(self, rollouts, wall_seconds: float, flops: StepFlops, step: int) -> float:

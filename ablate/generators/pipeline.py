@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ablate.generators.engine import Engine, Sequence
+from ablate.parallel import Weights, weights_of
 from ablate.rollouts import Rollouts
 from ablate.tasks.base import PromptsExhausted
 
@@ -40,7 +41,7 @@ class Pipeline:
         self.started: dict[int, list[int]] = {}  # batch -> its prompts (started, not yet trained)
         self.ended: dict[int, list[Sequence]] = {}  # batch -> its rows that have ended
         self.replay: list[tuple[int, list[int]]] = []  # started before a restart: start them again first
-        self.pending: tuple[dict, int] | None = None  # published weights not yet loaded
+        self.pending: tuple[dict | None, int] | None = None  # published weights not yet loaded (None: staged)
         self.error: BaseException | None = None
         self.exhausted: PromptsExhausted | None = None  # the sampler had no prompts left for batch next_batch
         self.stopping = False
@@ -75,23 +76,35 @@ class Pipeline:
         self.trainer_wait_s += time.perf_counter() - waited
         return self._rollouts(prompts, rows)
 
-    def publish(self, policy: torch.nn.Module, version: int) -> None:
-        """The weights after optimizer step `version`; the engine takes them between two decode steps."""
-        state = policy.state_dict()
-        if self.thread is not None:  # the trainer goes on changing its tensors meanwhile: a copy, in the engine's
-            dtype = self.engine.weights_dtype  # dtype (half the fp32 masters' memory in bf16)
-            state = {name: tensor.detach().to(dtype if tensor.is_floating_point() else tensor.dtype, copy=True)
-                     for name, tensor in state.items()}
+    def publish(self, policy: torch.nn.Module | Weights, version: int) -> None:
+        """The weights after optimizer step `version`; the engine takes them between two decode steps. Engines in
+        processes of their own get them now, streamed into a staging copy there (`stages`), and take that copy at
+        the same point; an engine here gets the policy's tensors (a copy, when the generator runs meanwhile)."""
+        weights = weights_of(policy)
+        if self.engine.stages:
+            with self.lock:  # the staging copy is about to change: a version the engine has not taken is skipped
+                self.pending = None
+            self.engine.stage(weights, version)
+            state = None  # the engine's `load` takes what was staged
+        else:
+            state = weights.module().state_dict()
+            if self.thread is not None:  # the trainer goes on changing its tensors meanwhile: a copy, in the
+                dtype = self.engine.weights_dtype  # engine's dtype (half the fp32 masters' memory in bf16)
+                state = {name: tensor.detach().to(dtype if tensor.is_floating_point() else tensor.dtype, copy=True)
+                         for name, tensor in state.items()}
         with self.lock:
             self.pending = (state, version)
             self.lock.notify_all()
 
-    def reset_weights(self, policy: torch.nn.Module, version: int) -> None:
+    def reset_weights(self, policy: torch.nn.Module | Weights, version: int) -> None:
         """Load these weights now, whatever the rules (a resumed run starts from its checkpoint's policy). Before the
         first batch only: the generator thread is not running yet."""
         assert self.thread is None or self.thread.ident is None, "reset_weights after the generator started"
+        weights = weights_of(policy)
         with self.lock:
-            self.engine.load(policy.state_dict(), version)
+            if self.engine.stages:
+                self.engine.stage(weights, version)
+            self.engine.load(None if self.engine.stages else weights.stream(), version)
             if not self.replay:  # nothing was started ahead: go on from the next step
                 self.next_batch = version + 1
 

@@ -12,25 +12,33 @@ Transport (torch.distributed, groups made by ablate/parallel.py when the job sta
 - `control`, one per engine process with rank 0, gloo whatever the device: each call is one request from rank 0
   and one reply from the engine process (pickled objects: the rows started, the rows that ended, the random
   state, errors as text).
-- `weights`, rank 0 and every engine process, the job's backend (nccl on GPUs, gloo on the CPU): `load`
-  broadcasts the weights one tensor at a time, already in the engines' dtype (bf16 halves the traffic), and each
-  engine copies each into its own tensor.
+- `weights`, rank 0 and every engine process, the job's backend (nccl on GPUs, gloo on the CPU): `stage`
+  broadcasts the weights one tensor at a time, already in the engines' dtype (bf16 halves the traffic), straight
+  into each engine's staging copy of its model; `load` then copies the staging copy into the decoding one, at the
+  decode step the pipeline's rules choose.
+
+Staging is what lets rank 0 hold no whole copy of the policy under FSDP: a step's weights go to the engines as
+they are gathered from the shards, tensor by tensor, right after the step (`Pipeline.publish`), whenever the
+engines will take them; validation samples the staging copy there (the weights just published), its rows dealt
+across the engines as a wave's are. An engine process holds two copies of the model in its dtype.
 
 `RemoteEngine` lives in rank 0; `serve` is the whole life of an engine's process (ablate/parallel.py starts it).
-vLLM engines in these processes are not built yet (the config check says so).
+vLLM engines in these processes are not built yet (the config check says so): vLLM's in-process engine makes its
+own torch.distributed world and refuses to live in ours (vllm-project/vllm#3088).
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
 
 from ablate import parallel
-from ablate.generators.engine import Engine, Limits, Sequence
+from ablate.generators.engine import Engine, Limits, Sequence, decode
 
 _CLOSED: set[int] = set()  # engine processes rank 0 has told to close
 
@@ -70,8 +78,10 @@ class RemoteEngine:
     broadcasts each tensor to all of them at once. Thread-safe (the concurrent pipeline's thread steps it while the
     trainer checkpoints)."""
 
-    def __init__(self, model: Mapping, limits: Limits, weights: Mapping[str, torch.Tensor], *, seed: int,
-                 **engine_args):
+    stages = True  # new weights go to the engines' staging copies first (`stage`), then `load(None, ...)` takes them
+
+    def __init__(self, model: Mapping, limits: Limits, weights: Mapping[str, torch.Tensor] | parallel.Weights, *,
+                 seed: int, **engine_args):
         self.engines = parallel.engine_groups()
         if not self.engines:
             raise RuntimeError("no generator engine processes were started (run.generator_gpus > 0, in a job started "
@@ -87,6 +97,7 @@ class RemoteEngine:
                                                 for i in range(len(self.engines))])
         self.device, self.weights_dtype = torch.device(replies[0]["device"]), replies[0]["dtype"]
         self.rng = _RemoteRng(self)
+        self.staged: int | None = None  # the version in the engines' staging copies
         self.load(weights, version=0)
 
     @property
@@ -127,16 +138,42 @@ class RemoteEngine:
         self.waves = max(waves, key=len, default=[])
         return mine
 
-    def load(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """The weights, one tensor at a time in the engines' dtype, broadcast to every engine at once; an engine
-        refuses (before anything is sent) a set that misses one of its tensors or has one it lacks."""
-        weights = weights if isinstance(weights, Mapping) else dict(weights)
+    def stage(self, weights: Mapping[str, torch.Tensor] | parallel.Weights, version: int) -> None:
+        """The weights into every engine's staging copy, one tensor at a time in the engines' dtype, broadcast to
+        all of them at once (from FSDP's shards: each tensor gathered as it is sent); the engines decode on with
+        what they have meanwhile. An engine refuses (before anything is sent or gathered) a set that misses one of
+        its tensors or has one it lacks."""
+        names, pairs = (list(weights), weights.items()) if isinstance(weights, Mapping) else \
+            (weights.names(), weights.stream())
         with self._lock:
-            self._ask("load", version, list(weights))
-            for name, tensor in weights.items():
-                dist.broadcast(tensor.detach().to(self.weights_dtype).contiguous(), src=0, group=self.weights_group)
+            self._ask("stage", names)  # refused: nothing was sent, the staging copies keep what they had
+            self.staged = None
+            for _, tensor in pairs:
+                tensor = tensor.detach().to(self.weights_dtype) if tensor.is_floating_point() else tensor.detach()
+                dist.broadcast(tensor.contiguous(), src=0, group=self.weights_group)
             self._answers()
+            self.staged = version
+
+    def load(self, weights: Mapping[str, torch.Tensor] | parallel.Weights | None, version: int) -> None:
+        """The engines decode with these weights from their next step on (None: those staged, of `version`)."""
+        if weights is not None:
+            self.stage(weights, version)
+        if self.staged != version:
+            raise RuntimeError(f"the engines' staging copy holds weights of version {self.staged}, not {version}")
+        self._all("load", version)
         self.version = version
+
+    def decode_staged(self, rows: list[Sequence], seed: int, max_waves: int, wave_rows: int) -> None:
+        """Every row to its end on the staging copies (the weights last published: validation), dealt across the
+        engines in slices, engine i sampling with engine_seed(seed, i); the rows are filled in place."""
+        n = len(self.engines)
+        bounds = [len(rows) * i // n for i in range(n + 1)]
+        busy = [i for i in range(n) if bounds[i + 1] > bounds[i]]
+        done = self._all("decode_staged", max_waves, wave_rows,
+                         per_engine=[(rows[bounds[i]:bounds[i + 1]], engine_seed(seed, i)) for i in busy], only=busy)
+        for i, ended in zip(busy, done):
+            for own, row in zip(rows[bounds[i]:bounds[i + 1]], ended):
+                own.__dict__.update(row.__dict__)
 
     def checksums(self) -> list[dict[str, str]]:
         """sha256 of each of each engine's tensors (its own copy, in its dtype)."""
@@ -190,6 +227,8 @@ def serve() -> None:
     ((_, control),) = [e for e in parallel.engine_groups() if e[0] == rank]
     weights_group = parallel.weights_group()
     engine: Engine | None = None
+    staged: torch.nn.Module | None = None  # the engine's staging copy of its model (weights not yet taken)
+    engine_args: dict = {}
     keys: dict[int, int] = {}  # id of a running row -> rank 0's key for it
     while True:
         name, *args = _exchange(None, 0, control)
@@ -199,22 +238,22 @@ def serve() -> None:
                 return
             if name == "init":
                 engine = _build(*args)
+                engine_args = args[3]
                 reply = {"device": str(engine.device), "dtype": engine.weights_dtype}
-            elif name == "load":
-                version, names = args
-                own = engine.model.state_dict()
-                missing, extra = sorted(set(own) - set(names)), sorted(set(names) - set(own))
-                problems = []
-                if missing:
-                    problems.append(f"new weights miss {len(missing)} of the engine's tensors "
-                                    f"({', '.join(missing[:3])})")
-                if extra:
-                    problems.append(f"new weights have {len(extra)} tensors the engine lacks ({', '.join(extra[:3])})")
-                if problems:
-                    raise ValueError("; ".join(problems))
+            elif name == "stage":
+                (names,) = args
+                _check_names(names, engine.model.state_dict())
+                staged = staged if staged is not None else copy.deepcopy(engine.model)
                 _exchange(("ok", None), rank, control)  # ready: rank 0 sends the tensors
-                engine.load(_received(names, own, weights_group), version)
+                _receive(names, staged.state_dict(), weights_group)
                 reply = None
+            elif name == "load":
+                engine.load(staged.state_dict(), args[0])
+                reply = None
+            elif name == "decode_staged":
+                max_waves, wave_rows, rows, seed = args
+                decode(Engine(staged, engine.limits, seed=seed, **engine_args), rows, max_waves, wave_rows)
+                reply = rows
             elif name == "start":
                 keys.update({id(row): key for key, row in args[0]})
                 engine.start([row for _, row in args[0]])
@@ -239,7 +278,7 @@ def serve() -> None:
 
 def _build(model: dict, limits: Limits, seed: int, engine_args: dict) -> Engine:
     """The engine's own model: the trainer's architecture, in the compute dtype, on this process's device (its
-    weights arrive with the first load)."""
+    weights arrive with the first `stage`)."""
     from omegaconf import OmegaConf
 
     from ablate.policy import build_policy, build_tokenizer
@@ -249,9 +288,19 @@ def _build(model: dict, limits: Limits, seed: int, engine_args: dict) -> Engine:
     return Engine(policy.to(engine_args["compute_dtype"]).eval(), limits, seed=seed, **engine_args)
 
 
-def _received(names: list[str], own: dict[str, torch.Tensor], group):
-    """(name, tensor) pairs as they arrive from rank 0, one buffer at a time."""
+def _check_names(names: list[str], own: dict[str, torch.Tensor]) -> None:
+    missing, extra = sorted(set(own) - set(names)), sorted(set(names) - set(own))
+    problems = []
+    if missing:
+        problems.append(f"new weights miss {len(missing)} of the engine's tensors ({', '.join(missing[:3])})")
+    if extra:
+        problems.append(f"new weights have {len(extra)} tensors the engine lacks ({', '.join(extra[:3])})")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+@torch.no_grad()
+def _receive(names: list[str], into: dict[str, torch.Tensor], group) -> None:
+    """Rank 0's tensors, in the order of `names`, each broadcast straight into the staging copy's own tensor."""
     for name in names:
-        buffer = torch.empty_like(own[name])
-        dist.broadcast(buffer, src=0, group=group)
-        yield name, buffer
+        dist.broadcast(into[name], src=0, group=group)

