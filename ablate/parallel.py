@@ -40,6 +40,7 @@ import os
 import shutil
 import signal
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -296,30 +297,54 @@ def weights_of(policy: torch.nn.Module | Weights) -> Weights:
 # ---- the processes of run=fsdp: started by `launch`, rank 0 leading, the others following
 
 _LEADING = False  # set in the processes `launch` starts: rank 0 then broadcasts each collective call to the others
-_TRAINER = None  # the trainer ranks' process group in a launched job (None: the default group, e.g. a test's)
-_ENGINES: list[tuple[int, object]] = []  # per engine process: (its rank, its control group with rank 0)
+_ENGINES: list[tuple[int, object]] = []  # per engine process: (its rank in the job, its control group with rank 0)
 _WEIGHTS = None  # rank 0 and every engine process: the weights' broadcasts
+ENGINE_GROUP_TIMEOUT = timedelta(hours=2)  # an engine process waits this long for rank 0's next request
 
 
-def _make_groups(trainers: int) -> None:
-    """The process groups of a launched job (every rank makes every group, in the same order): the trainer ranks
-    0..T-1 (FSDP's mesh and the leader's calls); for each engine process (rank T, T+1, ...) a `control` group with
-    rank 0 (gloo, whatever the device: requests, replies and rows as pickled objects); and `weights`, rank 0 with
-    every engine process (the job's backend: nccl on GPUs), which the weights are broadcast over."""
+def connect_engines(store, rank: int, trainers: int, engines: int, backend: str) -> None:
+    """The groups between rank 0 and the engine processes (ranks trainers .. trainers + engines - 1 of the job),
+    made from `store` (the job's rendezvous store) on rank 0 and in each engine process; the other trainer ranks
+    make none. They live outside the trainer ranks' torch.distributed world: an engine process has no world of ours,
+    so that vLLM in it can make its own (vllm-project/vllm#3088). Per engine process a `control` group with rank 0
+    (gloo, whatever the device: requests, replies and rows as pickled objects), and `weights`, rank 0 with every
+    engine process (`backend`: nccl on GPUs), which the weights are broadcast over. Each is torch's own gloo or
+    NCCL process group, built on its own prefix of the store (as vLLM's stateless groups are)."""
+    global _ENGINES, _WEIGHTS
+    if rank == 0:
+        _ENGINES = [(trainers + i, _group(store, f"control-{i}", 0, 2, "gloo")) for i in range(engines)]
+        _WEIGHTS = _group(store, "weights", 0, 1 + engines, backend) if engines else None
+    elif rank >= trainers:
+        index = rank - trainers
+        _ENGINES = [(rank, _group(store, f"control-{index}", 1, 2, "gloo"))]
+        _WEIGHTS = _group(store, "weights", 1 + index, 1 + engines, backend)
+
+
+def disconnect_engines() -> None:
+    """Shut the engine groups down while this process is alive (left to the interpreter's exit, a gloo group's
+    threads may abort it), once rank 0 and the engines are done with them (`remote.serve` answered its close)."""
+    global _ENGINES, _WEIGHTS
+    for group in [control for _, control in _ENGINES] + ([_WEIGHTS] if _WEIGHTS is not None else []):
+        group.shutdown()
+    _ENGINES, _WEIGHTS = [], None
+
+
+def _group(store, name: str, rank: int, size: int, backend: str):
     import torch.distributed as dist
 
-    global _TRAINER, _ENGINES, _WEIGHTS
-    world = dist.get_world_size()
-    _TRAINER = dist.new_group(list(range(trainers)))
-    _ENGINES = [(rank, dist.new_group([0, rank], backend="gloo")) for rank in range(trainers, world)]
-    _WEIGHTS = dist.new_group([0, *range(trainers, world)]) if world > trainers else None
+    prefixed = dist.PrefixStore(f"ablate-engines/{name}", store)
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = ENGINE_GROUP_TIMEOUT
+        return dist.ProcessGroupNCCL(prefixed, rank, size, options)
+    return dist.ProcessGroupGloo(prefixed, rank, size, ENGINE_GROUP_TIMEOUT)
 
 
 def trainer_group():
-    """The trainer ranks' process group."""
+    """The trainer ranks' process group: the world of torch.distributed (the engine processes are not in it)."""
     import torch.distributed as dist
 
-    return _TRAINER if _TRAINER is not None else dist.group.WORLD
+    return dist.group.WORLD
 
 
 def weights_group():
@@ -328,7 +353,7 @@ def weights_group():
 
 
 def engine_groups() -> list[tuple[int, object]]:
-    """(rank, control group) of each generator engine's process; empty when there are none."""
+    """(rank in the job, control group) of each generator engine's process; empty when there are none."""
     return list(_ENGINES)
 
 
@@ -461,17 +486,18 @@ def _rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
     from ablate.generators import remote
     from ablate.policy import device_of
 
+    trainers, engines = int(cfg["run"]["trainer_gpus"]), int(cfg["run"].get("generator_gpus", 0))
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0))
+    if rank >= trainers:  # a generator engine's process: its own GPU, no world of ours; serve rank 0
+        return _engine_main(cfg, rank, local, trainers, engines)
     on_gpu = device_of(OmegaConf.create(cfg["model"])).type == "cuda"  # the weights' device decides, not the machine
     if on_gpu:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if on_gpu else "gloo")
-    trainers = int(cfg["run"]["trainer_gpus"])
-    _make_groups(trainers)
+        torch.cuda.set_device(local)
+    dist.init_process_group("nccl" if on_gpu else "gloo", world_size=trainers, rank=rank)
+    if rank == 0:
+        connect_engines(_job_store(), rank, trainers, engines, "nccl" if on_gpu else "gloo")
     try:
-        if dist.get_rank() >= trainers:  # a generator engine's process: serve rank 0
-            signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-            result = remote.serve()
-        elif dist.get_rank() != 0:
+        if rank != 0:
             signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # the warning is rank 0's (`launch`)
             result = follow(OmegaConf.create(cfg))
         else:
@@ -487,11 +513,45 @@ def _rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
             finally:
                 _broadcast(("stop", ()))
                 remote.release()  # engine processes the trainer never reached (it ended before building them)
+                disconnect_engines()
         dist.barrier()  # no rank tears the group down while another may still be in it (a failed rank's launcher
         # stops the others instead)
         return result
     finally:
         dist.destroy_process_group()
+
+
+def _engine_main(cfg: dict, rank: int, local: int, trainers: int, engines: int) -> None:
+    """An engine process: on a GPU node it sees only its own GPU (as cuda:0, for vLLM's one-process executor and
+    ours alike); it joins rank 0's engine groups through the job's store, then forgets the launcher's variables (a
+    vLLM engine in it makes its own torch.distributed world), and serves rank 0 until told to close."""
+    from omegaconf import OmegaConf
+
+    from ablate.generators import remote
+    from ablate.policy import device_of
+
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # the warning is rank 0's (`launch`)
+    if str(cfg["model"].get("device", "auto")) != "cpu":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible.split(",")[local] if visible else str(local)
+    on_gpu = device_of(OmegaConf.create(cfg["model"])).type == "cuda"
+    store = _job_store()
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
+                 "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"):
+        os.environ.pop(name, None)
+    connect_engines(store, rank, trainers, engines, "nccl" if on_gpu else "gloo")
+    try:
+        remote.serve()
+    finally:
+        disconnect_engines()
+
+
+def _job_store():
+    """The job's rendezvous store (the launcher's, at MASTER_ADDR:MASTER_PORT), as a client."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                         timeout=timedelta(minutes=10))
 
 
 def _ranks_started_here() -> list[int]:

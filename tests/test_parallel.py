@@ -235,54 +235,53 @@ def _engine_processes(rank: int, engines: int, init_file: str, out: str) -> None
     from ablate.generators import remote
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=1 + engines)
-    try:
-        parallel._make_groups(trainers=1)
-        if rank > 0:
-            remote.serve()
-        else:
-            cfg = OmegaConf.create(_config("model.dtype=bfloat16"))
-            limits = Limits(6, 4, (0,), None)
-            args = {"head_dtype": torch.float32, "temperature": 1.0, "pad_id": 0, "compute_dtype": torch.bfloat16}
-            policy = build_policy(cfg.model, cfg.seed)
-            there = remote.RemoteEngine(OmegaConf.to_container(cfg.model), limits, policy.state_dict(), seed=3,
-                                        **args)
-            here = [Engine(copy.deepcopy(policy).to(torch.bfloat16), limits, seed=remote.engine_seed(3, i), **args)
-                    for i in range(engines)]
-            gen = torch.Generator().manual_seed(5)
-            new = {n: t + 0.01 * torch.randn(t.shape, generator=gen) for n, t in policy.state_dict().items()}
-            rows = {side: [Sequence(i, 1, [5 + i, 7, 9 + i]) for i in range(5)] for side in ("here", "there")}
-            ended = {"here": [], "there": []}
-            # there: one engine of several processes; here: the same engines stepped in turn in this process
-            there.start(rows["there"])
+    # no torch.distributed world: rank 0 and the engine processes meet in their own groups, through a store
+    parallel.connect_engines(dist.FileStore(init_file, 1 + engines), rank, trainers=1, engines=engines,
+                             backend="gloo")
+    if rank > 0:
+        remote.serve()
+        parallel.disconnect_engines()
+    else:
+        cfg = OmegaConf.create(_config("model.dtype=bfloat16"))
+        limits = Limits(6, 4, (0,), None)
+        args = {"head_dtype": torch.float32, "temperature": 1.0, "pad_id": 0, "compute_dtype": torch.bfloat16}
+        policy = build_policy(cfg.model, cfg.seed)
+        there = remote.RemoteEngine(OmegaConf.to_container(cfg.model), limits, policy.state_dict(), seed=3,
+                                    **args)
+        here = [Engine(copy.deepcopy(policy).to(torch.bfloat16), limits, seed=remote.engine_seed(3, i), **args)
+                for i in range(engines)]
+        gen = torch.Generator().manual_seed(5)
+        new = {n: t + 0.01 * torch.randn(t.shape, generator=gen) for n, t in policy.state_dict().items()}
+        rows = {side: [Sequence(i, 1, [5 + i, 7, 9 + i]) for i in range(5)] for side in ("here", "there")}
+        ended = {"here": [], "there": []}
+        # there: one engine of several processes; here: the same engines stepped in turn in this process
+        there.start(rows["there"])
+        ended["there"] += there.step()
+        there.load(new, version=1)  # mid-generation: the running rows go on with the new weights
+        while there.running:
             ended["there"] += there.step()
-            there.load(new, version=1)  # mid-generation: the running rows go on with the new weights
-            while there.running:
-                ended["there"] += there.step()
-            bounds = [5 * i // engines for i in range(engines + 1)]
-            for i, engine in enumerate(here):
-                engine.start(rows["here"][bounds[i]:bounds[i + 1]])
+        bounds = [5 * i // engines for i in range(engines + 1)]
+        for i, engine in enumerate(here):
+            engine.start(rows["here"][bounds[i]:bounds[i + 1]])
+            ended["here"] += engine.step()
+            engine.load(new, version=1)
+            while engine.running:
                 ended["here"] += engine.step()
-                engine.load(new, version=1)
-                while engine.running:
-                    ended["here"] += engine.step()
-            checksums = there.checksums()
-            try:
-                there.load({n: t for n, t in new.items() if n != "model.norm.weight"}, version=2)
-                refused = ""
-            except RuntimeError as err:
-                refused = str(err)
-            same_rng = [torch.equal(a, b.rng.get_state()) for a, b in zip(there.rng.get_state(), here)]
-            there.close()
-            torch.save({"rows": {side: [vars(r) for r in rs] for side, rs in rows.items()},
-                        "same_objects": {side: sorted(map(id, ended[side])) == sorted(map(id, rows[side]))
-                                         for side in rows},
-                        "trainer": {n: remote.checksum(t.to(torch.bfloat16)) for n, t in new.items()},
-                        "engines": checksums, "refused": refused, "version": there.version, "same_rng": same_rng},
-                       out)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+        checksums = there.checksums()
+        try:
+            there.load({n: t for n, t in new.items() if n != "model.norm.weight"}, version=2)
+            refused = ""
+        except RuntimeError as err:
+            refused = str(err)
+        same_rng = [torch.equal(a, b.rng.get_state()) for a, b in zip(there.rng.get_state(), here)]
+        there.close()
+        torch.save({"rows": {side: [vars(r) for r in rs] for side, rs in rows.items()},
+                    "same_objects": {side: sorted(map(id, ended[side])) == sorted(map(id, rows[side]))
+                                     for side in rows},
+                    "trainer": {n: remote.checksum(t.to(torch.bfloat16)) for n, t in new.items()},
+                    "engines": checksums, "refused": refused, "version": there.version, "same_rng": same_rng},
+                   out)
+        parallel.disconnect_engines()
 
 
 @pytest.mark.parametrize("engines", [1, 2])
@@ -318,9 +317,10 @@ def _streamed(rank: int, init_file: str, out: str) -> None:
     from ablate.parallel import FSDP
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=3)
+    if rank < 2:  # the trainer ranks' world; the engine process is not in it
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    parallel.connect_engines(dist.FileStore(f"{init_file}-engines", 3), rank, trainers=2, engines=1, backend="gloo")
     try:
-        parallel._make_groups(trainers=2)
         if rank == 2:
             remote.serve()
         else:
@@ -362,9 +362,11 @@ def _streamed(rank: int, init_file: str, out: str) -> None:
                             "taken": engine.checksums()[0], "version": engine.version,
                             "rows": {side: [vars(r) for r in rs] for side, rs in rows.items()}}, out)
                 engine.close()
-        dist.barrier()
     finally:
-        dist.destroy_process_group()
+        parallel.disconnect_engines()
+        if rank < 2:
+            dist.barrier()
+            dist.destroy_process_group()
 
 
 def test_with_an_engine_process_the_weights_stream_from_the_shards_and_validation_runs_there(tmp_path):

@@ -8,7 +8,9 @@ same tokens as with the engine in rank 0's process. As PipelineRL's actor and in
 orchestrator and inference servers: rank 0 asks, the engine processes answer. With several, each wave of rows is
 dealt across them in slices (data parallel), and they decode at the same time.
 
-Transport (torch.distributed, groups made by ablate/parallel.py when the job starts):
+Transport: torch's gloo and NCCL process groups that ablate/parallel.py (`connect_engines`) makes between rank 0 and
+the engine processes through the job's store, outside the trainer ranks' torch.distributed world (an engine process
+has none of ours, so that vLLM can make its own there):
 - `control`, one per engine process with rank 0, gloo whatever the device: each call is one request from rank 0
   and one reply from the engine process (pickled objects: the rows started, the rows that ended, the random
   state, errors as text).
@@ -23,19 +25,18 @@ engines will take them; validation samples the staging copy there (the weights j
 across the engines as a wave's are. An engine process holds two copies of the model in its dtype.
 
 `RemoteEngine` lives in rank 0; `serve` is the whole life of an engine's process (ablate/parallel.py starts it).
-vLLM engines in these processes are not built yet (the config check says so): vLLM's in-process engine makes its
-own torch.distributed world and refuses to live in ours (vllm-project/vllm#3088).
+vLLM engines in these processes are not built yet (the config check says so).
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import pickle
 import threading
 from collections.abc import Mapping
 
 import torch
-import torch.distributed as dist
 
 from ablate import parallel
 from ablate.generators.engine import Engine, Limits, Sequence, decode
@@ -44,10 +45,18 @@ _CLOSED: set[int] = set()  # engine processes rank 0 has told to close
 
 
 def _exchange(message, src: int, group):
-    """`message` from rank `src` to the other member of `group` (the receiver passes None and gets it)."""
-    box = [message]
-    dist.broadcast_object_list(box, src=src, group=group)
-    return box[0]
+    """`message` from member `src` of a control group (0: rank 0, 1: the engine process) to the other, who passes
+    None and gets it: pickled, its length then its bytes broadcast over the group."""
+    if group.rank() == src:
+        data = torch.frombuffer(bytearray(pickle.dumps(message)), dtype=torch.uint8)
+        size = torch.tensor([data.numel()], dtype=torch.long)
+    else:
+        size = torch.zeros(1, dtype=torch.long)
+    group.broadcast(size, src).wait()
+    if group.rank() != src:
+        data = torch.empty(int(size.item()), dtype=torch.uint8)
+    group.broadcast(data, src).wait()
+    return message if group.rank() == src else pickle.loads(data.numpy().tobytes())
 
 
 class _RemoteRng:
@@ -150,7 +159,7 @@ class RemoteEngine:
             self.staged = None
             for _, tensor in pairs:
                 tensor = tensor.detach().to(self.weights_dtype) if tensor.is_floating_point() else tensor.detach()
-                dist.broadcast(tensor.contiguous(), src=0, group=self.weights_group)
+                self.weights_group.broadcast(tensor.contiguous(), 0).wait()
             self._answers()
             self.staged = version
 
@@ -200,7 +209,7 @@ class RemoteEngine:
 
     def _answers(self, only: list[int] | None = None) -> list:
         only = list(range(len(self.engines))) if only is None else only
-        replies = [(self.engines[i][0], _exchange(None, self.engines[i][0], self.engines[i][1])) for i in only]
+        replies = [(self.engines[i][0], _exchange(None, 1, self.engines[i][1])) for i in only]
         for rank, (status, payload) in replies:
             if status == "error":
                 raise RuntimeError(f"the generator engine's process (rank {rank}): {payload}")
@@ -213,7 +222,7 @@ def release() -> None:
     for rank, control in parallel.engine_groups():
         if rank not in _CLOSED:  # waiting for its next request
             _exchange(("close",), 0, control)
-            _exchange(None, rank, control)
+            _exchange(None, 1, control)
             _CLOSED.add(rank)
 
 
@@ -223,8 +232,7 @@ def checksum(tensor: torch.Tensor) -> str:
 
 def serve() -> None:
     """The engine process: answer rank 0's requests until it says close."""
-    rank = dist.get_rank()
-    ((_, control),) = [e for e in parallel.engine_groups() if e[0] == rank]
+    ((rank, control),) = parallel.engine_groups()
     weights_group = parallel.weights_group()
     engine: Engine | None = None
     staged: torch.nn.Module | None = None  # the engine's staging copy of its model (weights not yet taken)
@@ -234,7 +242,7 @@ def serve() -> None:
         name, *args = _exchange(None, 0, control)
         try:
             if name == "close":
-                _exchange(("ok", None), rank, control)
+                _exchange(("ok", None), 1, control)
                 return
             if name == "init":
                 engine = _build(*args)
@@ -244,7 +252,7 @@ def serve() -> None:
                 (names,) = args
                 _check_names(names, engine.model.state_dict())
                 staged = staged if staged is not None else copy.deepcopy(engine.model)
-                _exchange(("ok", None), rank, control)  # ready: rank 0 sends the tensors
+                _exchange(("ok", None), 1, control)  # ready: rank 0 sends the tensors
                 _receive(names, staged.state_dict(), weights_group)
                 reply = None
             elif name == "load":
@@ -273,7 +281,7 @@ def serve() -> None:
             answer = ("ok", reply)
         except Exception as err:  # noqa: BLE001 - rank 0 raises it, with its cause, in the trainer
             answer = ("error", f"{type(err).__name__}: {err}")
-        _exchange(answer, rank, control)
+        _exchange(answer, 1, control)
 
 
 def _build(model: dict, limits: Limits, seed: int, engine_args: dict) -> Engine:
@@ -303,4 +311,4 @@ def _check_names(names: list[str], own: dict[str, torch.Tensor]) -> None:
 def _receive(names: list[str], into: dict[str, torch.Tensor], group) -> None:
     """Rank 0's tensors, in the order of `names`, each broadcast straight into the staging copy's own tensor."""
     for name in names:
-        dist.broadcast(into[name], src=0, group=group)
+        group.broadcast(into[name], 0).wait()
