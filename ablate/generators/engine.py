@@ -102,6 +102,9 @@ class _Wave:
         self.cache = DynamicCache()
         self.hidden: torch.Tensor | None = None  # [n, H]: the state that predicts each row's next token
 
+    def __len__(self) -> int:
+        return len(self.rows)
+
 
 class Engine:
     """Decode loop over `model` (its own copy of the weights, or the trainer's for validation)."""

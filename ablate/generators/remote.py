@@ -24,8 +24,11 @@ they are gathered from the shards, tensor by tensor, right after the step (`Pipe
 engines will take them; validation samples the staging copy there (the weights just published), its rows dealt
 across the engines as a wave's are. An engine process holds two copies of the model in its dtype.
 
+The engine in a process is ours (`Engine`) or vLLM's (generator=vllm: `VLLMEngine`, its engine core in that
+process, making its own torch.distributed world of one); the staging copy is a torch model either way, so the
+weights arrive the same way, and validation samples it with our engine as generator=vllm does in one process.
+
 `RemoteEngine` lives in rank 0; `serve` is the whole life of an engine's process (ablate/parallel.py starts it).
-vLLM engines in these processes are not built yet (the config check says so).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import copy
 import hashlib
 import pickle
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -90,7 +93,10 @@ class RemoteEngine:
     stages = True  # new weights go to the engines' staging copies first (`stage`), then `load(None, ...)` takes them
 
     def __init__(self, model: Mapping, limits: Limits, weights: Mapping[str, torch.Tensor] | parallel.Weights, *,
-                 seed: int, **engine_args):
+                 seed: int, build: Callable | None = None, **engine_args):
+        """`model`: the policy's config (the engines' staging copies are built from it); `build(limits, seed,
+        engine_args)`, called in each engine process, makes the engine that decodes there (None: ours, `Engine`);
+        it is pickled, so a module-level function or a partial of one."""
         self.engines = parallel.engine_groups()
         if not self.engines:
             raise RuntimeError("no generator engine processes were started (run.generator_gpus > 0, in a job started "
@@ -102,8 +108,8 @@ class RemoteEngine:
         self._running = [0] * len(self.engines)  # rows running on each engine
         self._next_key = 0
         self.waves: list[int] = []  # rows per wave in flight on the busiest engine (the pipeline counts them)
-        replies = self._all("init", per_engine=[(dict(model), limits, engine_seed(seed, i), engine_args)
-                                                for i in range(len(self.engines))])
+        replies = self._all("init", dict(model), limits, engine_args, build,
+                            per_engine=[(engine_seed(seed, i),) for i in range(len(self.engines))])
         self.device, self.weights_dtype = torch.device(replies[0]["device"]), replies[0]["dtype"]
         self.rng = _RemoteRng(self)
         self.staged: int | None = None  # the version in the engines' staging copies
@@ -235,7 +241,7 @@ def serve() -> None:
     ((rank, control),) = parallel.engine_groups()
     weights_group = parallel.weights_group()
     engine: Engine | None = None
-    staged: torch.nn.Module | None = None  # the engine's staging copy of its model (weights not yet taken)
+    staged: torch.nn.Module | None = None  # the staging copy: the policy's architecture, weights not yet taken
     engine_args: dict = {}
     keys: dict[int, int] = {}  # id of a running row -> rank 0's key for it
     while True:
@@ -245,13 +251,14 @@ def serve() -> None:
                 _exchange(("ok", None), 1, control)
                 return
             if name == "init":
-                engine = _build(*args)
-                engine_args = args[3]
+                model, limits, engine_args, build, seed = args
+                staged = _torch_model(model, engine_args["compute_dtype"])
+                engine = Engine(copy.deepcopy(staged), limits, seed=seed, **engine_args) if build is None else \
+                    build(limits, seed, engine_args)
                 reply = {"device": str(engine.device), "dtype": engine.weights_dtype}
             elif name == "stage":
                 (names,) = args
-                _check_names(names, engine.model.state_dict())
-                staged = staged if staged is not None else copy.deepcopy(engine.model)
+                _check_names(names, staged.state_dict())
                 _exchange(("ok", None), 1, control)  # ready: rank 0 sends the tensors
                 _receive(names, staged.state_dict(), weights_group)
                 reply = None
@@ -265,16 +272,19 @@ def serve() -> None:
             elif name == "start":
                 keys.update({id(row): key for key, row in args[0]})
                 engine.start([row for _, row in args[0]])
-                reply = [len(w.rows) for w in engine.waves]
+                reply = [len(w) for w in engine.waves]
             elif name == "step":
                 done = [(keys.pop(id(row)), row) for row in engine.step()]
-                reply = (done, [len(w.rows) for w in engine.waves])
+                reply = (done, [len(w) for w in engine.waves])
             elif name == "rng_get":
                 reply = engine.rng.get_state()
             elif name == "rng_set":
                 engine.rng.set_state(args[0])
                 reply = None
             elif name == "checksums":
+                if not hasattr(engine, "model"):
+                    raise RuntimeError(f"{type(engine).__name__} keeps its weights in a layout of its own: no "
+                                       "checksums by the trainer's names")
                 reply = {n: checksum(t) for n, t in engine.model.state_dict().items()}
             else:
                 raise RuntimeError(f"unknown request {name!r}")
@@ -284,16 +294,14 @@ def serve() -> None:
         _exchange(answer, 1, control)
 
 
-def _build(model: dict, limits: Limits, seed: int, engine_args: dict) -> Engine:
-    """The engine's own model: the trainer's architecture, in the compute dtype, on this process's device (its
-    weights arrive with the first `stage`)."""
+def _torch_model(model: dict, dtype: torch.dtype) -> torch.nn.Module:
+    """The trainer's architecture, in the compute dtype, on this process's device (its weights come by `stage`)."""
     from omegaconf import OmegaConf
 
     from ablate.policy import build_policy, build_tokenizer
 
     cfg = OmegaConf.create(model)
-    policy = build_policy(cfg, seed, build_tokenizer(cfg))
-    return Engine(policy.to(engine_args["compute_dtype"]).eval(), limits, seed=seed, **engine_args)
+    return build_policy(cfg, 0, build_tokenizer(cfg)).to(dtype).eval()
 
 
 def _check_names(names: list[str], own: dict[str, torch.Tensor]) -> None:

