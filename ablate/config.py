@@ -164,6 +164,12 @@ def check_run(cfg: DictConfig) -> None:
     if g and not getattr(get_object(cfg.generator._target_), "engine_process", False):
         raise ValueError(f"run.generator_gpus={g}: generator={cfg.generator.name} has no engine that runs in a "
                          "process of its own (generator=hf and generator=vllm have)")
+    tp = int(cfg.generator.get("tensor_parallel_size", 1))
+    if tp < 1:
+        raise ValueError(f"generator.tensor_parallel_size={tp}: 1 or more GPUs per engine")
+    if tp > 1 and (g == 0 or g % tp):
+        raise ValueError(f"generator.tensor_parallel_size={tp} with run.generator_gpus={g}: each engine takes {tp} "
+                         f"GPUs in processes of their own, so run.generator_gpus must be a multiple of {tp}")
     from ablate.parallel import layout_name
 
     layout, nodes = layout_name(n, g), int(launcher.nodes)
@@ -174,6 +180,10 @@ def check_run(cfg: DictConfig) -> None:
                              f"launcher.gpus_per_node={launcher.gpus_per_node} = {held} GPUs")
     if (n + g) % nodes:  # each node starts the same number of processes (ablate/parallel.py: launch)
         raise ValueError(f"{layout} = {n + g} processes do not spread evenly over launcher.nodes={nodes}")
+    per_node = (n + g) // nodes
+    if tp > 1 and nodes > 1 and (n % tp or per_node % tp):  # engine k: processes n + k tp .. on one node
+        raise ValueError(f"generator.tensor_parallel_size={tp}: an engine's GPUs must share a node, so "
+                         f"run.trainer_gpus={n} and the {per_node} processes a node must be multiples of {tp}")
     cluster = getattr(launcher.cluster, "value", launcher.cluster)  # an enum in a composed config, a str in a plain one
     if nodes > 1 and cluster in ("local", "debug"):
         raise ValueError(f"launcher.nodes={nodes} needs SLURM (launcher=slurm): launcher={cluster} runs on this "

@@ -522,23 +522,35 @@ def _rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
 
 
 def _engine_main(cfg: dict, rank: int, local: int, trainers: int, engines: int) -> None:
-    """An engine process: on a GPU node it sees only its own GPU (as cuda:0, for vLLM's one-process executor and
-    ours alike); it joins rank 0's engine groups through the job's store, then forgets the launcher's variables (a
-    vLLM engine in it makes its own torch.distributed world), and serves rank 0 until told to close."""
+    """An engine process. With generator.tensor_parallel_size=t, processes trainers + k t .. + t - 1 make engine
+    k (on one node: ablate.config.check_run): on GPUs they see that engine's GPUs, each using its own; they form a
+    torch.distributed world of their own (on the job's store) for vLLM's tensor parallelism (its external-launcher
+    executor, as verl runs vLLM in torchrun's processes), with RANK and LOCAL_RANK as vLLM reads them. With t = 1 an
+    engine process has no world (vLLM makes its own, of one). Then it joins rank 0's engine groups and serves rank 0
+    until told to close."""
+    import torch.distributed as dist
     from omegaconf import OmegaConf
 
     from ablate.generators import remote
     from ablate.policy import device_of
 
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # the warning is rank 0's (`launch`)
+    tp = int(cfg["generator"].get("tensor_parallel_size", 1))
+    engine, tp_rank = divmod(rank - trainers, tp)
     if str(cfg["model"].get("device", "auto")) != "cpu":
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        os.environ["CUDA_VISIBLE_DEVICES"] = visible.split(",")[local] if visible else str(local)
+        mine = range(local - tp_rank, local - tp_rank + tp)  # the engine's GPUs on this node
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible.split(",")[i] if visible else str(i) for i in mine)
     on_gpu = device_of(OmegaConf.create(cfg["model"])).type == "cuda"
+    if on_gpu:
+        torch.cuda.set_device(tp_rank)
     store = _job_store()
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
-                 "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"):
+    for name in ("GROUP_RANK", "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"):
         os.environ.pop(name, None)
+    os.environ.update(RANK=str(tp_rank), LOCAL_RANK=str(tp_rank), WORLD_SIZE=str(tp), LOCAL_WORLD_SIZE=str(tp))
+    if tp > 1:
+        dist.init_process_group("nccl" if on_gpu else "gloo", store=dist.PrefixStore(f"ablate-tp/{engine}", store),
+                                rank=tp_rank, world_size=tp)
     connect_engines(store, rank, trainers, engines, "nccl" if on_gpu else "gloo")
     try:
         remote.serve()

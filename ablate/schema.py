@@ -168,6 +168,8 @@ class VLLMGenerator(HFGenerator):
     gpu_memory_utilization: float = 0.5  # vLLM's share of the GPU; the trainer shares it
     kv_cache_gib: float | None = None  # the KV cache's size, set directly (on a CPU: vLLM's share of memory)
     enforce_eager: bool = False  # no torch.compile nor CUDA graphs: starts in seconds, decodes slower on a GPU
+    # GPUs (engine processes) per vLLM engine, tensor parallel: run.generator_gpus / this engines (data parallel)
+    tensor_parallel_size: int = 1
 
 
 @dataclass

@@ -522,6 +522,17 @@ BAD_LAYOUTS = [
     (["run.generator_gpus=-1"], "run.generator_gpus=-1: 0 (the engine in trainer rank 0's process) or more"),
     (["generator=mock", "run.generator_gpus=1"],
      "run.generator_gpus=1: generator=mock has no engine that runs in a process of its own"),
+    (["generator=vllm", "generator.tensor_parallel_size=2"],
+     "generator.tensor_parallel_size=2 with run.generator_gpus=0: each engine takes 2 GPUs in processes of their "
+     "own, so run.generator_gpus must be a multiple of 2"),
+    (["generator=vllm", "generator.tensor_parallel_size=2", "run.generator_gpus=3"],
+     "generator.tensor_parallel_size=2 with run.generator_gpus=3: each engine takes 2 GPUs"),
+    (["generator=vllm", "generator.tensor_parallel_size=0", "run.generator_gpus=1"],
+     "generator.tensor_parallel_size=0: 1 or more GPUs per engine"),
+    (["run=fsdp", "generator=vllm", "generator.tensor_parallel_size=4", "run.generator_gpus=4", "launcher=slurm",
+      "launcher.nodes=2", "launcher.gpus_per_node=4"],
+     "generator.tensor_parallel_size=4: an engine's GPUs must share a node, so run.trainer_gpus=2 and the 3 "
+     "processes a node must be multiples of 4"),
 ]
 
 

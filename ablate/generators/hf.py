@@ -76,7 +76,9 @@ class HFGenerator(Pipeline):
         return Engine(model, self.limits, seed=self.cfg.seed, **self.engine_args)
 
     def describe(self) -> dict:
-        return {"generator.devices": self.devices}
+        """Logged with the run's parameters: the devices it holds, and the weights one decoding device holds (the
+        whole model's, or a tensor-parallel rank's share)."""
+        return {"generator.devices": self.devices, "generator.params_per_gpu": self.engine.params}
 
     def validate(self, compute: float, *, policy: torch.nn.Module | parallel.Weights, step: int) -> float:
         """mean@k pass rate over the validation split: k = task.val_samples samples per prompt, sampled from the

