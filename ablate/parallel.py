@@ -556,6 +556,8 @@ def _engine_main(cfg: dict, rank: int, local: int, trainers: int, engines: int) 
         remote.serve()
     finally:
         disconnect_engines()
+        if dist.is_initialized():  # the tensor-parallel world (or vLLM's own), before the interpreter's exit
+            dist.destroy_process_group()
 
 
 def _job_store():

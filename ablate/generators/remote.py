@@ -287,7 +287,9 @@ def serve() -> None:
     while True:
         name, *args = _exchange(None, 0, control)
         try:
-            if name == "close":
+            if name == "close":  # the engine first (vLLM shuts its core and its groups down), then the answer
+                if engine is not None:
+                    engine.close()
                 _exchange(("ok", None), 1, control)
                 return
             if name == "init":
