@@ -17,6 +17,10 @@ on an H100 (shared/notes/gpu-facts.md), scaled from the 0.89B model they were ta
   table also prints the generator throughput the paper's 16,000 GPU-hours imply.
 Lengths are inputs too (the paper gives only the budgets, 2,048 + 12,288 + 2,048); zero-variance filtering keeps
 `--kept` of the rows (ScaleRL's loss trains only those; loo-batch trains every row).
+Weight sync: after every step the weights (bf16, 2N bytes) are broadcast from trainer rank 0 to every generator
+GPU, which does not decode while it receives (ablate/generators/remote.py); at `--sync-gb-per-s` (an assumption:
+NCCL's broadcast over the nodes' network, not measured here) each generator GPU loses 2N / that seconds a step,
+counted as generation work.
 
     python bench/bench_cluster.py                       # paper_8b, H100 defaults
     python bench/bench_cluster.py --gen-tokens-per-s 400 --completion 9000 --kept 0.4
@@ -67,6 +71,11 @@ def simulate(v: Variant, steps: int, gen_s: float, train_s: float, layout: tuple
             "train_idle": max(1.0 - trainer_busy / wall_s, 0.0), "wall_h": wall_s / 3600.0}
 
 
+def sync_seconds(params: float, gb_per_s: float) -> float:
+    """Seconds a generator GPU spends receiving a step's weights: 2 bytes (bf16) a parameter at `gb_per_s`."""
+    return 2 * params / (gb_per_s * 1e9) if gb_per_s > 0 else 0.0
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--params", type=float, default=8e9, help="model parameters N (paper_8b: 8e9)")
@@ -83,6 +92,8 @@ def main() -> None:
                    help="generated tokens/s per generator GPU (default: the H100 anchor scaled by FLOPs)")
     p.add_argument("--train-mfu", type=float, default=ANCHOR["train_mfu"], help="trainer MFU (default: 0.32)")
     p.add_argument("--peak-tflops", type=float, default=H100_PEAK_TFLOPS, help="dense bf16 peak per GPU")
+    p.add_argument("--sync-gb-per-s", type=float, default=20.0,
+                   help="weight broadcast bandwidth to the generator GPUs, GB/s (0: no sync cost)")
     a = p.parse_args()
 
     gen_tps = a.gen_tokens_per_s or ANCHOR["gen_tokens_per_s"] * ANCHOR["params"] / a.params
@@ -90,6 +101,8 @@ def main() -> None:
     rows = a.prompts * a.samples
     generated, trained = rows * a.completion, rows * (a.prompt_len + a.completion)
     gen_s, train_s = generated / gen_tps, trained / train_tps  # one GPU's seconds per step, all rows trained
+    sync_s = sync_seconds(a.params, a.sync_gb_per_s)
+    gen_s += sync_s * a.generators  # every generator GPU receives instead of decoding
     layout = (a.generators, a.trainers)
     gpus = sum(layout)
 
@@ -101,6 +114,8 @@ def main() -> None:
     state_gb = a.params * (4 + 8 + 4) / a.trainers / 1e9  # fp32 master + AdamW moments + fp32 grads, sharded
     print(f"trainer state per GPU (fp32 master, AdamW, fp32 grads; FSDP over {a.trainers}): {state_gb:.1f} GB "
           f"(on one GPU: {state_gb * a.trainers:.0f} GB)")
+    print(f"weight sync: {2 * a.params / 1e9:.0f} GB of bf16 to every generator GPU, {sync_s:.2f} s a step at "
+          f"{a.sync_gb_per_s:g} GB/s (in the generation time below); each holds it twice (decoding + staging copy)")
     print(f"one step on the whole layout: generation {gen_s / a.generators:,.1f} s, training "
           f"{train_s * a.kept / a.trainers:,.1f} s ({train_s / a.trainers:,.1f} s for every row)\n")
 

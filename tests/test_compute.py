@@ -118,3 +118,9 @@ def test_the_cluster_cost_model_times_both_schedules_as_derived_by_hand():
     turns = bench.simulate(bench.Variant("loo-8op", PPOOffPolicy(8), 0.5), 80, 2.0, 1.0, (2, 1))
     assert turns["gpu_hours"] == pytest.approx(3 * 120 / 3600)
     assert turns["gen_idle"] == pytest.approx(1 / 3) and turns["train_idle"] == pytest.approx(2 / 3)
+
+
+def test_the_cluster_cost_model_charges_the_weight_sync_to_every_generator_gpu():
+    # 8e9 parameters in bf16 = 16 GB; at 20 GB/s a generator GPU receives for 0.8 s a step; 0 GB/s: no sync cost
+    bench = _bench_cluster()
+    assert bench.sync_seconds(8e9, 20.0) == pytest.approx(0.8) and bench.sync_seconds(8e9, 0.0) == 0.0

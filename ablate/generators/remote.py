@@ -89,9 +89,9 @@ def engine_seed(seed: int, index: int) -> int:
 class RemoteEngine:
     """Rank 0's handle on the engines in other processes (run.generator_gpus of them): the `Engine` interface, each
     call a request answered by those processes. A wave of rows is dealt across the engines in contiguous slices
-    (data parallel); a step asks every busy engine before waiting for any, so they decode at the same time; a load
-    broadcasts each tensor to all of them at once. Thread-safe (the concurrent pipeline's thread steps it while the
-    trainer checkpoints)."""
+    (data parallel); a step asks every busy engine before waiting for any, so they decode at the same time; new
+    weights are broadcast to all of them at once, tensor by tensor (`stage`). Thread-safe (the concurrent
+    pipeline's thread steps it while the trainer publishes and checkpoints)."""
 
     stages = True  # new weights go to the engines' staging copies first (`stage`), then `load(None, ...)` takes them
 
@@ -173,7 +173,7 @@ class RemoteEngine:
         answers = []
         for k in engines:
             first, *others = [next(replies) for _ in self.members[k]]
-            if any(_tokens(other) != _tokens(first) for other in others):
+            if any(_outcome(other) != _outcome(first) for other in others):
                 raise RuntimeError(f"the {len(self.members[k])} tensor-parallel processes of generator engine {k} "
                                    f"answered {name} differently")
             answers.append(first)
@@ -181,9 +181,9 @@ class RemoteEngine:
 
     def stage(self, weights: Mapping[str, torch.Tensor] | parallel.Weights, version: int) -> None:
         """The weights into every engine's staging copy, one tensor at a time in the engines' dtype, broadcast to
-        all of them at once (from FSDP's shards: each tensor gathered as it is sent); the engines decode on with
-        what they have meanwhile. An engine refuses (before anything is sent or gathered) a set that misses one of
-        its tensors or has one it lacks."""
+        all of them at once (from FSDP's shards: each tensor gathered as it is sent); the copies they decode with
+        stay as they are until `load`. An engine refuses (before anything is sent or gathered) a set that misses one
+        of its tensors or has one it lacks."""
         names, pairs = (list(weights), weights.items()) if isinstance(weights, Mapping) else \
             (weights.names(), weights.stream())
         with self._lock:
@@ -233,8 +233,9 @@ class RemoteEngine:
             return self._ask(name, *shared, per_engine=per_engine, only=only)
 
     def _ask(self, name: str, *shared, per_engine: list[tuple] | None = None, only: list[int] | None = None) -> list:
-        """(The lock held.) One request to each engine, `only` these: the `shared` arguments, then its own from
-        `per_engine`; all are sent before any answer is awaited. Their answers, in order; an error from any raises."""
+        """(The lock held.) One request to each engine process, `only` these (indices into self.engines): the
+        `shared` arguments, then its own from `per_engine`; all are sent before any answer is awaited. Their
+        answers, in order; an error from any raises."""
         only = list(range(len(self.engines))) if only is None else only
         for j, i in enumerate(only):
             _exchange((name, *shared, *(per_engine[j] if per_engine else ())), 0, _group(i))
@@ -254,7 +255,7 @@ def _group(i: int):
     return parallel.engine_groups()[i][1]
 
 
-def _tokens(reply) -> list:
+def _outcome(reply) -> list:
     """What a start or step reply decided: the rows' tokens (a step's), the waves' sizes."""
     if isinstance(reply, tuple):
         ended, waves = reply
