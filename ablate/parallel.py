@@ -333,10 +333,12 @@ def _group(store, name: str, rank: int, size: int, backend: str):
     import torch.distributed as dist
 
     prefixed = dist.PrefixStore(f"ablate-engines/{name}", store)
-    if backend == "nccl":
-        options = dist.ProcessGroupNCCL.Options()
+    if backend == "nccl":  # (untested here: the CPU build has no NCCL)
+        from torch.distributed.distributed_c10d import ProcessGroupNCCL
+
+        options = ProcessGroupNCCL.Options()
         options._timeout = ENGINE_GROUP_TIMEOUT
-        return dist.ProcessGroupNCCL(prefixed, rank, size, options)
+        return ProcessGroupNCCL(prefixed, rank, size, options)
     return dist.ProcessGroupGloo(prefixed, rank, size, ENGINE_GROUP_TIMEOUT)
 
 
