@@ -540,9 +540,7 @@ def _engine_main(cfg: dict, rank: int, local: int, trainers: int, engines: int) 
     tp = int(cfg["generator"].get("tensor_parallel_size", 1))
     engine, tp_rank = divmod(rank - trainers, tp)
     if str(cfg["model"].get("device", "auto")) != "cpu":
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        mine = range(local - tp_rank, local - tp_rank + tp)  # the engine's GPUs on this node
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible.split(",")[i] if visible else str(i) for i in mine)
+        os.environ["CUDA_VISIBLE_DEVICES"] = engine_gpus(local, tp_rank, tp, os.environ.get("CUDA_VISIBLE_DEVICES"))
     on_gpu = device_of(OmegaConf.create(cfg["model"])).type == "cuda"
     if on_gpu:
         torch.cuda.set_device(tp_rank)
@@ -560,6 +558,13 @@ def _engine_main(cfg: dict, rank: int, local: int, trainers: int, engines: int) 
         disconnect_engines()
         if dist.is_initialized():  # the tensor-parallel world (or vLLM's own), before the interpreter's exit
             dist.destroy_process_group()
+
+
+def engine_gpus(local: int, tp_rank: int, tp: int, visible: str | None) -> str:
+    """CUDA_VISIBLE_DEVICES for the engine process of local rank `local`, rank `tp_rank` of an engine of `tp`: the
+    engine's GPUs on this node (local ranks local - tp_rank ..), as the node lists them in `visible` (None: all)."""
+    listed = visible.split(",") if visible else None
+    return ",".join(listed[i] if listed else str(i) for i in range(local - tp_rank, local - tp_rank + tp))
 
 
 def _job_store():

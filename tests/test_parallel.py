@@ -606,3 +606,12 @@ def test_the_devices_a_job_holds_count_every_gpu_of_every_node(monkeypatch):
     assert parallel.devices_held(torch.device("cuda")) == 80 and parallel.devices_held(torch.device("cpu")) == 10
     monkeypatch.delenv("SLURM_JOB_NUM_NODES")
     assert parallel.devices_held(torch.device("cuda")) == 8 and parallel.devices_held(torch.device("cpu")) == 1
+
+
+def test_an_engine_process_sees_its_engines_gpus_as_the_node_lists_them():
+    """On a GPU node, engine processes (local ranks after the trainers') see only their engine's GPUs: one each, or
+    the tensor-parallel engine's t, counted in the node's own CUDA_VISIBLE_DEVICES order when it has one."""
+    assert parallel.engine_gpus(local=2, tp_rank=0, tp=1, visible=None) == "2"
+    assert parallel.engine_gpus(local=5, tp_rank=1, tp=2, visible=None) == "4,5"
+    assert parallel.engine_gpus(local=4, tp_rank=0, tp=2, visible="0,1,2,3,4,5,6,7") == "4,5"
+    assert parallel.engine_gpus(local=5, tp_rank=1, tp=2, visible="7,6,5,4,3,2,1,0") == "3,2"
