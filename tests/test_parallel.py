@@ -284,6 +284,49 @@ def _engine_processes(rank: int, engines: int, init_file: str, out: str) -> None
         parallel.disconnect_engines()
 
 
+class _EngineThatCannotClose(Engine):
+    def close(self) -> None:
+        raise RuntimeError("no")
+
+
+def _engine_that_cannot_close(limits, seed: int, engine_args: dict) -> Engine:
+    """A RemoteEngine build (pickled to the engine process): our engine, whose close fails."""
+    cfg = OmegaConf.create(_config())
+    return _EngineThatCannotClose(build_policy(cfg.model, 0).eval(), limits, seed=seed, **engine_args)
+
+
+def _closing(rank: int, init_file: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from ablate.generators import remote
+
+    torch.set_num_threads(1)
+    parallel.connect_engines(dist.FileStore(init_file, 2), rank, trainers=1, engines=1, backend="gloo")
+    try:
+        if rank == 1:
+            remote.serve()
+            Path(out + ".engine").write_text("served")
+        else:
+            cfg = OmegaConf.create(_config())
+            args = {"head_dtype": torch.float32, "temperature": 1.0, "pad_id": 0, "compute_dtype": torch.float32}
+            policy = build_policy(cfg.model, cfg.seed)
+            there = remote.RemoteEngine(OmegaConf.to_container(cfg.model), Limits(4, 4, (0,), None),
+                                        policy.state_dict(), seed=3, build=_engine_that_cannot_close, **args)
+            there.close()
+            Path(out).write_text("closed")
+    finally:
+        parallel.disconnect_engines()
+
+
+def test_an_engine_process_whose_engine_fails_to_close_still_ends_with_the_job(tmp_path):
+    """Closing is the job's last word to an engine process: an engine whose own close fails (a vLLM core that will not
+    shut down) is logged there, and the process still answers and ends, instead of leaving rank 0 (and the job)
+    waiting for it."""
+    torch.multiprocessing.start_processes(_closing, args=(str(tmp_path / "init"), str(tmp_path / "out")), nprocs=2,
+                                          start_method="spawn")
+    assert (tmp_path / "out").read_text() == "closed" and (tmp_path / "out.engine").read_text() == "served"
+
+
 @pytest.mark.parametrize("engines", [1, 2])
 def test_engines_in_their_own_processes_decode_as_in_this_one_and_hold_the_trainers_weights(engines, tmp_path):
     """run.generator_gpus=N's engines (ablate/generators/remote.py) against the same engines in the trainer's

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import logging
 import pickle
 import threading
 from collections.abc import Callable, Mapping
@@ -47,6 +48,7 @@ import torch
 from ablate import parallel
 from ablate.generators.engine import Engine, Limits, Sequence, decode
 
+log = logging.getLogger(__name__)
 _CLOSED: set[int] = set()  # engine processes rank 0 has told to close
 
 
@@ -289,8 +291,11 @@ def serve() -> None:
         name, *args = _exchange(None, 0, control)
         try:
             if name == "close":  # the engine first (vLLM shuts its core and its groups down), then the answer
-                if engine is not None:
-                    engine.close()
+                try:
+                    if engine is not None:
+                        engine.close()
+                except Exception as err:  # noqa: BLE001 - rank 0 is ending: say it here, and end all the same
+                    log.warning("the generator engine's process (rank %d) could not close its engine: %s", rank, err)
                 _exchange(("ok", None), 1, control)
                 return
             if name == "init":
