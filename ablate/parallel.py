@@ -379,8 +379,8 @@ def launch(cfg, fn, *args, **kwargs):
     from ablate.policy import device_of
 
     if device_of(cfg.model).type == "cuda" and world // nodes > torch.cuda.device_count():
-        raise ValueError(f"{layout_name(trainers, engines)}: this node has {torch.cuda.device_count()} CUDA device(s), one per process "
-                         "(model.device=cpu runs them on the CPU)")
+        raise ValueError(f"{layout_name(trainers, engines)}: this node has {torch.cuda.device_count()} CUDA "
+                         "device(s), one per process (model.device=cpu runs them on the CPU)")
     from omegaconf import OmegaConf
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -495,9 +495,10 @@ def _rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
     on_gpu = device_of(OmegaConf.create(cfg["model"])).type == "cuda"  # the weights' device decides, not the machine
     if on_gpu:
         torch.cuda.set_device(local)
-    dist.init_process_group("nccl" if on_gpu else "gloo", world_size=trainers, rank=rank)
+    backend = "nccl" if on_gpu else "gloo"
+    dist.init_process_group(backend, world_size=trainers, rank=rank)
     if rank == 0:
-        connect_engines(_job_store(), rank, trainers, engines, "nccl" if on_gpu else "gloo")
+        connect_engines(_job_store(), rank, trainers, engines, backend)
     try:
         if rank != 0:
             signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # the warning is rank 0's (`launch`)
@@ -548,10 +549,11 @@ def _engine_main(cfg: dict, rank: int, local: int, trainers: int, engines: int) 
     for name in ("GROUP_RANK", "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"):
         os.environ.pop(name, None)
     os.environ.update(RANK=str(tp_rank), LOCAL_RANK=str(tp_rank), WORLD_SIZE=str(tp), LOCAL_WORLD_SIZE=str(tp))
+    backend = "nccl" if on_gpu else "gloo"
     if tp > 1:
-        dist.init_process_group("nccl" if on_gpu else "gloo", store=dist.PrefixStore(f"ablate-tp/{engine}", store),
-                                rank=tp_rank, world_size=tp)
-    connect_engines(store, rank, trainers, engines, "nccl" if on_gpu else "gloo")
+        dist.init_process_group(backend, store=dist.PrefixStore(f"ablate-tp/{engine}", store), rank=tp_rank,
+                                world_size=tp)
+    connect_engines(store, rank, trainers, engines, backend)
     try:
         remote.serve()
     finally:

@@ -69,11 +69,21 @@ class HFGenerator(Pipeline):
         """The engine that decodes the pipeline's rows: ours, on its own copy of the policy in the compute dtype; in
         this process, or (run.generator_gpus=N) in the engine processes the job started, streamed the weights."""
         weights = parallel.weights_of(policy)
-        if int(self.cfg.run.get("generator_gpus", 0)):
-            model = OmegaConf.to_container(self.cfg.model, resolve=True)
-            return RemoteEngine(model, self.limits, weights, seed=self.cfg.seed, **self.engine_args)
+        if self.engines_apart:
+            return self.remote_engine(weights)
         model = copy.deepcopy(weights.module()).to(self.engine_args["compute_dtype"]).eval()
         return Engine(model, self.limits, seed=self.cfg.seed, **self.engine_args)
+
+    @property
+    def engines_apart(self) -> bool:
+        """The engines decode in processes of their own (run.generator_gpus > 0)."""
+        return int(self.cfg.run.get("generator_gpus", 0)) > 0
+
+    def remote_engine(self, weights: parallel.Weights, **how) -> RemoteEngine:
+        """Rank 0's handle on the engine processes, streamed `weights`; `how`: RemoteEngine's build and
+        tensor_parallel (default: our engine, one process each)."""
+        model = OmegaConf.to_container(self.cfg.model, resolve=True)
+        return RemoteEngine(model, self.limits, weights, seed=self.cfg.seed, **how, **self.engine_args)
 
     def describe(self) -> dict:
         """Logged with the run's parameters: the devices it holds, and the weights one decoding device holds (the

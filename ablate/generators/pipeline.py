@@ -102,9 +102,11 @@ class Pipeline:
         assert self.thread is None or self.thread.ident is None, "reset_weights after the generator started"
         weights = weights_of(policy)
         with self.lock:
-            if self.engine.stages:
+            if self.engine.stages:  # staged, then taken
                 self.engine.stage(weights, version)
-            self.engine.load(None if self.engine.stages else weights.stream(), version)
+                self.engine.load(None, version)
+            else:
+                self.engine.load(weights.stream(), version)
             if not self.replay:  # nothing was started ahead: go on from the next step
                 self.next_batch = version + 1
 

@@ -17,11 +17,8 @@ import importlib.util
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
-
 from ablate import parallel
 from ablate.generators.hf import HFGenerator
-from ablate.generators.remote import RemoteEngine
 from ablate.policy import build_policy
 
 
@@ -44,19 +41,17 @@ class VLLMGenerator(HFGenerator):
         from ablate.generators import vllm_engine
 
         cfg, weights = self.cfg, parallel.weights_of(policy)
-        remote = int(cfg.run.get("generator_gpus", 0)) > 0
         folder = cfg.model.path
         if not folder:  # the tiny model: vLLM reads a folder (engine processes take only its architecture from it:
             # their weights come streamed, and rank 0 may hold no whole copy)
-            model = build_policy(cfg.model, cfg.seed, tokenizer) if remote else weights.module()
+            model = build_policy(cfg.model, cfg.seed, tokenizer) if self.engines_apart else weights.module()
             folder = str(Path(cfg.paths.cache) / f"vllm-model-{id(model)}")
             model.save_pretrained(folder)
             tokenizer.save_pretrained(folder)
         gen, phrase = cfg.generation, len(self.limits.phrase_ids)
         longest = gen.max_prompt_tokens + gen.max_think_tokens + phrase + gen.max_answer_tokens
         vllm_args = {**self.vllm_args, "max_model_len": int(longest)}
-        if remote:
-            return RemoteEngine(OmegaConf.to_container(cfg.model, resolve=True), self.limits, weights, seed=cfg.seed,
-                                build=functools.partial(vllm_engine.in_engine_process, folder, vllm_args),
-                                tensor_parallel=vllm_args["tensor_parallel_size"], **self.engine_args)
+        if self.engines_apart:
+            build = functools.partial(vllm_engine.in_engine_process, folder, vllm_args)
+            return self.remote_engine(weights, build=build, tensor_parallel=vllm_args["tensor_parallel_size"])
         return vllm_engine.VLLMEngine(folder, self.limits, seed=cfg.seed, **vllm_args, **self.engine_args)
