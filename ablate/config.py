@@ -170,6 +170,19 @@ def check_run(cfg: DictConfig) -> None:
     if tp > 1 and (g == 0 or g % tp):
         raise ValueError(f"generator.tensor_parallel_size={tp} with run.generator_gpus={g}: each engine takes {tp} "
                          f"GPUs in processes of their own, so run.generator_gpus must be a multiple of {tp}")
+    transfer = cfg.generator.get("weight_transfer", "staged")
+    if transfer not in ("staged", "direct"):
+        raise ValueError(f"generator.weight_transfer={transfer}: staged or direct")
+    if transfer == "direct":
+        from ablate.registry import build
+
+        if g == 0:
+            raise ValueError("generator.weight_transfer=direct sends the weights to engine processes, and "
+                             "run.generator_gpus=0 has none (the engine shares the trainer's process)")
+        if not build(cfg.off_policy).loads_on_arrival:
+            raise ValueError(f"generator.weight_transfer=direct takes each step's weights as they arrive, "
+                             f"mid-generation; off_policy={cfg.off_policy.name} (in_flight="
+                             f"{cfg.off_policy.get('in_flight')}) holds them back: use generator.weight_transfer=staged")
     from ablate.parallel import layout_name
 
     layout, nodes = layout_name(n, g), int(launcher.nodes)

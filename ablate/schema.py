@@ -170,6 +170,10 @@ class VLLMGenerator(HFGenerator):
     enforce_eager: bool = False  # no torch.compile nor CUDA graphs: starts in seconds, decodes slower on a GPU
     # GPUs (engine processes) per vLLM engine, tensor parallel: run.generator_gpus / this engines (data parallel)
     tensor_parallel_size: int = 1
+    # how engine processes take each step's weights: "staged" (into a copy beside the engine, taken at the decode
+    # step the off-policy rules choose; validation samples it) or "direct" (straight into vLLM as they arrive,
+    # no second copy; PipelineRL's in-flight updates only; validation decodes on the engines)
+    weight_transfer: str = "staged"
 
 
 @dataclass

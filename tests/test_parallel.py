@@ -576,6 +576,16 @@ BAD_LAYOUTS = [
       "launcher.nodes=2", "launcher.gpus_per_node=4"],
      "generator.tensor_parallel_size=4: an engine's GPUs must share a node, so run.trainer_gpus=2 and the 3 "
      "processes a node must be multiples of 4"),
+    (["generator=vllm", "generator.weight_transfer=direct"],
+     "generator.weight_transfer=direct sends the weights to engine processes, and run.generator_gpus=0 has none"),
+    (["generator=vllm", "generator.weight_transfer=direct", "run.generator_gpus=1", "off_policy=ppo_off_policy"],
+     "generator.weight_transfer=direct takes each step's weights as they arrive, mid-generation; "
+     "off_policy=ppo_off_policy (in_flight=False) holds them back"),
+    (["generator=vllm", "generator.weight_transfer=direct", "run.generator_gpus=1", "off_policy.in_flight=false"],
+     "generator.weight_transfer=direct takes each step's weights as they arrive, mid-generation; "
+     "off_policy=pipeline_rl (in_flight=False) holds them back"),
+    (["generator=vllm", "generator.weight_transfer=nccl", "run.generator_gpus=1"],
+     "generator.weight_transfer=nccl: staged or direct"),
 ]
 
 

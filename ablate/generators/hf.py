@@ -94,7 +94,8 @@ class HFGenerator(Pipeline):
         """mean@k pass rate over the validation split: k = task.val_samples samples per prompt, sampled from the
         trainer's current policy with the run's generation settings (seeded by the step: reproducible). Engines in
         processes of their own sample it there, from the weights just published to them (their staging copy, in
-        their dtype; the rows dealt across them); otherwise this process samples the policy itself."""
+        their dtype, or what vLLM decodes with when it received them itself; the rows dealt across them); otherwise
+        this process samples the policy itself."""
         task, k = self.task, int(self.cfg.task.val_samples)
         seed = self.cfg.seed * 1_000_003 + step
         rng = np.random.default_rng([self.cfg.seed, step, 11])

@@ -24,6 +24,12 @@ they are gathered from the shards, tensor by tensor, right after the step (`Pipe
 engines will take them; validation samples the staging copy there (the weights just published), its rows dealt
 across the engines as a wave's are. An engine process holds two copies of the model in its dtype.
 
+An engine that `receives` (generator=vllm with generator.weight_transfer=direct) has no staging copy: at `stage`
+the tensors go over the same group straight into vLLM's model (VLLMEngine.receive: vLLM's weight-transfer API),
+which decodes with them from its next step (so `load` only checks the version), and validation decodes on the
+engine itself, on every tensor-parallel rank, beside the pipeline's running rows (VLLMEngine.decode_apart). The
+engine process keeps the model's names and shapes only (a model on the meta device), to check what rank 0 sends.
+
 The engine in a process is ours (`Engine`) or vLLM's (generator=vllm: `VLLMEngine`, its engine core in that
 process, making its own torch.distributed world of one); the staging copy is a torch model either way, so the
 weights arrive the same way, and validation samples it with our engine as generator=vllm does in one process.
@@ -123,6 +129,9 @@ class RemoteEngine:
                             per_engine=[(engine_seed(seed, k),) for k, members in enumerate(self.members)
                                         for _ in members])
         self.device, self.weights_dtype = torch.device(replies[0]["device"]), replies[0]["dtype"]
+        # the engines take new weights as they arrive, into what they decode with (no staging copy): validation
+        # decodes there too, on every tensor-parallel rank
+        self.receives = replies[0]["receives"]
         self.params = max(reply["params"] for reply in replies)  # weights held on one device (the most)
         self.rng = _RemoteRng(self)
         self.staged: int | None = None  # the version in the engines' staging copies
@@ -189,7 +198,7 @@ class RemoteEngine:
         names, pairs = (list(weights), weights.items()) if isinstance(weights, Mapping) else \
             (weights.names(), weights.stream())
         with self._lock:
-            self._ask("stage", names)  # refused: nothing was sent, the staging copies keep what they had
+            self._ask("stage", names, version)  # refused: nothing was sent, the staging copies keep what they had
             self.staged = None
             for _, tensor in pairs:
                 tensor = tensor.detach().to(self.weights_dtype) if tensor.is_floating_point() else tensor.detach()
@@ -213,8 +222,12 @@ class RemoteEngine:
         n = len(self.members)
         bounds = [len(rows) * k // n for k in range(n + 1)]
         busy = [k for k in range(n) if bounds[k + 1] > bounds[k]]
-        done = self._all("decode_staged", max_waves, wave_rows, only=[self.members[k][0] for k in busy],
-                         per_engine=[(rows[bounds[k]:bounds[k + 1]], engine_seed(seed, k)) for k in busy])
+        args = [(rows[bounds[k]:bounds[k + 1]], engine_seed(seed, k)) for k in busy]
+        if self.receives:  # on the engines themselves: every tensor-parallel rank decodes
+            done = self._each_engine("decode_staged", busy, [(max_waves, wave_rows, *a) for a in args])
+        else:
+            done = self._all("decode_staged", max_waves, wave_rows, only=[self.members[k][0] for k in busy],
+                             per_engine=args)
         for k, ended in zip(busy, done):
             for own, row in zip(rows[bounds[k]:bounds[k + 1]], ended):
                 own.__dict__.update(row.__dict__)
@@ -300,22 +313,36 @@ def serve() -> None:
                 return
             if name == "init":
                 model, limits, engine_args, build, seed = args
-                staged = _torch_model(model, engine_args["compute_dtype"])
-                engine = Engine(copy.deepcopy(staged), limits, seed=seed, **engine_args) if build is None else \
-                    build(limits, seed, engine_args)
-                reply = {"device": str(engine.device), "dtype": engine.weights_dtype, "params": engine.params}
+                if build is None:
+                    staged = _torch_model(model, engine_args["compute_dtype"])
+                    engine = Engine(copy.deepcopy(staged), limits, seed=seed, **engine_args)
+                else:
+                    engine = build(limits, seed, engine_args)
+                    # an engine that receives the weights itself needs no staging copy: only its names and shapes
+                    staged = _torch_model(model, engine_args["compute_dtype"],
+                                          "meta" if getattr(engine, "receives", False) else None)
+                reply = {"device": str(engine.device), "dtype": engine.weights_dtype, "params": engine.params,
+                         "receives": getattr(engine, "receives", False)}
             elif name == "stage":
-                (names,) = args
-                _check_names(names, staged.state_dict())
+                names, version = args
+                own = staged.state_dict()
+                _check_names(names, own)
                 _exchange(("ok", None), 1, control)  # ready: rank 0 sends the tensors
-                _receive(names, staged.state_dict(), weights_group)
+                if getattr(engine, "receives", False):  # straight into the engine, which decodes with them now
+                    engine.receive({n: tuple(own[n].shape) for n in names}, {n: own[n].dtype for n in names},
+                                   version)
+                else:
+                    _receive(names, own, weights_group)
                 reply = None
             elif name == "load":
                 engine.load(staged.state_dict(), args[0])
                 reply = None
             elif name == "decode_staged":
                 max_waves, wave_rows, rows, seed = args
-                decode(Engine(staged, engine.limits, seed=seed, **engine_args), rows, max_waves, wave_rows)
+                if getattr(engine, "receives", False):  # no staging copy: the engine's own weights are the newest
+                    engine.decode_apart(rows, seed, wave_rows)
+                else:
+                    decode(Engine(staged, engine.limits, seed=seed, **engine_args), rows, max_waves, wave_rows)
                 reply = rows
             elif name == "start":
                 keys.update({id(row): key for key, row in args[0]})
@@ -342,13 +369,16 @@ def serve() -> None:
         _exchange(answer, 1, control)
 
 
-def _torch_model(model: dict, dtype: torch.dtype) -> torch.nn.Module:
-    """The trainer's architecture, in the compute dtype, on this process's device (its weights come by `stage`)."""
+def _torch_model(model: dict, dtype: torch.dtype, device: str | None = None) -> torch.nn.Module:
+    """The trainer's architecture, in the compute dtype, on this process's device (its weights come by `stage`), or
+    on `device` ("meta": names and shapes, no memory)."""
     from omegaconf import OmegaConf
 
     from ablate.policy import build_policy, build_tokenizer
 
     cfg = OmegaConf.create(model)
+    if device is not None:
+        cfg.device = device
     return build_policy(cfg, 0, build_tokenizer(cfg)).to(dtype).eval()
 
 

@@ -26,10 +26,12 @@ class VLLMGenerator(HFGenerator):
     engine_process = True  # run.generator_gpus=N: a vLLM engine in each engine process (generators/remote.py)
 
     def __init__(self, gpu_memory_utilization: float = 0.5, kv_cache_gib: float | None = None,
-                 enforce_eager: bool = False, tensor_parallel_size: int = 1, **kwargs):
+                 enforce_eager: bool = False, tensor_parallel_size: int = 1, weight_transfer: str = "staged",
+                 **kwargs):
         self.vllm_args = {"gpu_memory_utilization": gpu_memory_utilization, "enforce_eager": enforce_eager,
                           "kv_cache_bytes": None if kv_cache_gib is None else int(kv_cache_gib * 2**30),
                           "tensor_parallel_size": tensor_parallel_size}
+        self.receives = weight_transfer == "direct"  # engine processes: vLLM receives the weights itself
         super().__init__(**kwargs)
 
     def make_engine(self, policy: torch.nn.Module | parallel.Weights, tokenizer):
@@ -52,6 +54,7 @@ class VLLMGenerator(HFGenerator):
         longest = gen.max_prompt_tokens + gen.max_think_tokens + phrase + gen.max_answer_tokens
         vllm_args = {**self.vllm_args, "max_model_len": int(longest)}
         if self.engines_apart:
+            vllm_args["receives"] = self.receives
             build = functools.partial(vllm_engine.in_engine_process, folder, vllm_args)
             return self.remote_engine(weights, build=build, tensor_parallel=vllm_args["tensor_parallel_size"])
         return vllm_engine.VLLMEngine(folder, self.limits, seed=cfg.seed, **vllm_args, **self.engine_args)

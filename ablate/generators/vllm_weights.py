@@ -19,10 +19,20 @@ trainer side, `InProcessSender.send_weights`, is the trainer engine of that back
 decoder layer at a time (an FSDP-sharded parameter is gathered by its `full_tensor()` when its layer is sent,
 never the whole model at once) and drives the four calls through a client shaped like vLLM's
 `VLLMWeightSyncClient`.
+
+Engine processes (run.generator_gpus > 0) with generator.weight_transfer=direct take the weights the same way with
+another transport: backend `ablate_group` receives each tensor from the job's weights group (ablate/parallel.py:
+the process group rank 0 and the engine processes share, NCCL on GPUs and gloo on the CPU) into a buffer on the
+engine's device and hands it to the same loaders, one decoder layer at a time, as vLLM's `nccl` backend does with
+its own communicator (its unpacked path); rank 0 broadcasts them as they are gathered from the trainer's shards
+(generators/remote.py: `RemoteEngine.stage`). One process group for the trainer-engine traffic whatever the
+device, so the path that runs on GPUs is the one CI runs on the CPU; vLLM's `nccl` backend (PyNccl, CUDA only)
+would need a second rendezvous beside it.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +47,7 @@ from vllm.distributed.weight_transfer.base import (
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 BACKEND = "ablate_inproc"
+GROUP_BACKEND = "ablate_group"
 
 
 @dataclass
@@ -94,10 +105,47 @@ class InProcessWeightTransferEngine(WeightTransferEngine[InProcessInitInfo, InPr
         trainer_args["sender"].send_weights(dict(iterator))
 
 
+@dataclass
+class GroupUpdateInfo(WeightTransferUpdateInfo):
+    """One chunk: what rank 0 broadcasts next, in this order (the fields of vLLM's `NCCLWeightTransferUpdateInfo`)."""
+
+    names: list[str] = field(default_factory=list)
+    dtype_names: list[str] = field(default_factory=list)
+    shapes: list[list[int]] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not len(self.names) == len(self.dtype_names) == len(self.shapes):
+            raise ValueError(f"{len(self.names)} names, {len(self.dtype_names)} dtypes, {len(self.shapes)} shapes")
+
+
+class GroupWeightTransferEngine(InProcessWeightTransferEngine):
+    """The worker side of `ablate_group`: each tensor of a chunk broadcast from rank 0 over the job's weights group
+    into a buffer on this worker's device, then the chunk through the model's `load_weights` (the layerwise reload
+    around it, as `ablate_inproc`). The group is this process's (the worker runs in the engine process)."""
+
+    update_info_cls = GroupUpdateInfo
+
+    def receive_weights(self, update_info: GroupUpdateInfo) -> None:
+        from ablate import parallel
+
+        group = parallel.weights_group()
+        if group is None:
+            raise RuntimeError("weight transfer over the job's weights group, but this process has none (an engine "
+                               "process started by ablate.parallel.launch has)")
+        pairs = []
+        for name, dtype_name, shape in zip(update_info.names, update_info.dtype_names, update_info.shapes):
+            buffer = torch.empty(shape, dtype=getattr(torch, dtype_name), device=self.device)
+            group.broadcast(buffer, 0).wait()
+            pairs.append((name, buffer))
+        self.model.load_weights(pairs)
+
+
 def register() -> None:
-    """Make `ablate_inproc` a backend vLLM's worker can create (idempotent; before the engine starts)."""
-    if BACKEND not in WeightTransferEngineFactory._registry:
-        WeightTransferEngineFactory.register_engine(BACKEND, InProcessWeightTransferEngine)
+    """Make `ablate_inproc` and `ablate_group` backends vLLM's worker can create (idempotent; before the engine
+    starts)."""
+    for name, engine in ((BACKEND, InProcessWeightTransferEngine), (GROUP_BACKEND, GroupWeightTransferEngine)):
+        if name not in WeightTransferEngineFactory._registry:
+            WeightTransferEngineFactory.register_engine(name, engine)
 
 
 class EngineClient:
@@ -122,16 +170,26 @@ class EngineClient:
             self.llm.set_weight_version(weight_version)
 
 
+def _layer(name: str) -> str:
+    """The decoder layer a name belongs to (up to its first integer: `model.layers.3`), or the name itself."""
+    parts = name.split(".")
+    index = next((i for i, part in enumerate(parts) if part.isdigit()), None)
+    return ".".join(parts[:index + 1]) if index is not None else name
+
+
 def layer_groups(names: Iterable[str]) -> list[list[str]]:
     """Names in chunks of one decoder layer each (keyed by the first integer in the name: `model.layers.3.`),
     in the order first seen; names without one (embeddings, the final norm, the head) form chunks of their own."""
     groups: dict[str, list[str]] = {}
     for name in names:
-        parts = name.split(".")
-        index = next((i for i, part in enumerate(parts) if part.isdigit()), None)
-        key = ".".join(parts[:index + 1]) if index is not None else name
-        groups.setdefault(key, []).append(name)
+        groups.setdefault(_layer(name), []).append(name)
     return list(groups.values())
+
+
+def layer_runs(names: Iterable[str]) -> list[list[str]]:
+    """`layer_groups` without reordering: consecutive names of one layer in a chunk (for a stream that arrives in
+    this order)."""
+    return [list(run) for _, run in itertools.groupby(names, key=_layer)]
 
 
 class InProcessSender(TrainerWeightTransferEngine):
