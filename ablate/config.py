@@ -182,7 +182,8 @@ def check_run(cfg: DictConfig) -> None:
         if not build(cfg.off_policy).loads_on_arrival:
             raise ValueError(f"generator.weight_transfer=direct takes each step's weights as they arrive, "
                              f"mid-generation; off_policy={cfg.off_policy.name} (in_flight="
-                             f"{cfg.off_policy.get('in_flight')}) holds them back: use generator.weight_transfer=staged")
+                             f"{cfg.off_policy.get('in_flight')}) holds them back: use "
+                             "generator.weight_transfer=staged")
     from ablate.parallel import layout_name
 
     layout, nodes = layout_name(n, g), int(launcher.nodes)

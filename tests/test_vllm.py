@@ -281,6 +281,20 @@ def test_generator_vllm_decoding_in_its_own_thread_keeps_the_staleness_bound(tmp
 @pytest.mark.skipif(DEVICE.type == "cuda" and torch.cuda.device_count() < 3,
                     reason="trainer processes and vLLM engine processes take a GPU each (3 for the TP engine)")
 @pytest.mark.timeout(900)  # four runs of 3-4 processes each: 130 s on a 2-core machine
+def _finished_run(folder, overrides: list[str]):
+    """`python -m ablate <overrides>` in `folder`: its run (FINISHED) and its validation, loss and reward curves,
+    [(step, value)] each."""
+    folder.mkdir()
+    out = run_cli("-m", "ablate", *overrides, cwd=folder, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    client = tracking.client(f"sqlite:///{folder / 'mlflow.db'}")
+    (found,) = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+    assert found.info.status == "FINISHED"
+    return found, {key: [(m.step, m.value) for m in sorted(client.get_metric_history(found.info.run_id, key),
+                                                           key=lambda m: m.step)]
+                   for key in ("val/pass_rate", "loss/policy", "train/reward_mean")}
+
+
 def test_vllm_engines_in_processes_of_their_own_reproduce_the_in_process_run(tmp_path):
     """`python -m ablate generator=vllm run.generator_gpus=1`: the trainer in one process, vLLM in an engine process
     of its own (generators/remote.py; vLLM makes its own torch.distributed world there, outside the trainer's),
@@ -298,20 +312,11 @@ def test_vllm_engines_in_processes_of_their_own_reproduce_the_in_process_run(tmp
                "fsdp_engine_process": ["run=fsdp", "run.generator_gpus=1"]}
     curves, params = {}, {}
     for layout, extra in layouts.items():
-        folder = tmp_path / layout
-        folder.mkdir()
-        out = run_cli("-m", "ablate", *common, *extra, cwd=folder, timeout=600)
-        assert out.returncode == 0, out.stderr[-3000:]
-        client = tracking.client(f"sqlite:///{folder / 'mlflow.db'}")
-        (found,) = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
-        assert found.info.status == "FINISHED"
+        found, curves[layout] = _finished_run(tmp_path / layout, common + extra)
         engines = [o.split("=")[1] for o in extra if o.startswith("run.generator_gpus=")]
         assert found.data.params["run.generator_gpus"] == (engines[0] if engines else "0")
         assert found.data.metrics["perf/generator_tokens_per_s_per_gpu"] > 0
         params[layout] = int(found.data.params["generator.params_per_gpu"])
-        curves[layout] = {key: [(m.step, m.value) for m in sorted(client.get_metric_history(found.info.run_id, key),
-                                                                  key=lambda m: m.step)]
-                          for key in ("val/pass_rate", "loss/policy", "train/reward_mean")}
     assert params["engine_process"] == params["fsdp_engine_process"] == params["in_process"]
     assert params["tensor_parallel"] < 0.6 * params["in_process"]  # each rank holds its shards
     here = curves["in_process"]
@@ -338,18 +343,7 @@ def test_weights_sent_straight_into_vllm_engine_processes_train_as_the_staged_on
                "direct": ["run=fsdp", "run.generator_gpus=1", "generator.weight_transfer=direct"],
                "direct_tp": ["run.generator_gpus=2", "generator.tensor_parallel_size=2",
                              "generator.weight_transfer=direct"]}
-    curves = {}
-    for layout, extra in layouts.items():
-        folder = tmp_path / layout
-        folder.mkdir()
-        out = run_cli("-m", "ablate", *common, *extra, cwd=folder, timeout=600)
-        assert out.returncode == 0, out.stderr[-3000:]
-        client = tracking.client(f"sqlite:///{folder / 'mlflow.db'}")
-        (found,) = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
-        assert found.info.status == "FINISHED"
-        curves[layout] = {key: [(m.step, m.value) for m in sorted(client.get_metric_history(found.info.run_id, key),
-                                                                  key=lambda m: m.step)]
-                          for key in ("val/pass_rate", "loss/policy", "train/reward_mean")}
+    curves = {layout: _finished_run(tmp_path / layout, common + extra)[1] for layout, extra in layouts.items()}
     staged = curves["staged"]
     assert len(staged["loss/policy"]) == 6
     for layout in ("direct", "direct_tp"):
