@@ -319,16 +319,15 @@ def serve() -> None:
                 else:
                     engine = build(limits, seed, engine_args)
                     # an engine that receives the weights itself needs no staging copy: only its names and shapes
-                    staged = _torch_model(model, engine_args["compute_dtype"],
-                                          "meta" if getattr(engine, "receives", False) else None)
+                    staged = _torch_model(model, engine_args["compute_dtype"], "meta" if engine.receives else None)
                 reply = {"device": str(engine.device), "dtype": engine.weights_dtype, "params": engine.params,
-                         "receives": getattr(engine, "receives", False)}
+                         "receives": engine.receives}
             elif name == "stage":
                 names, version = args
                 own = staged.state_dict()
                 _check_names(names, own)
                 _exchange(("ok", None), 1, control)  # ready: rank 0 sends the tensors
-                if getattr(engine, "receives", False):  # straight into the engine, which decodes with them now
+                if engine.receives:  # straight into the engine, which decodes with them now
                     engine.receive({n: tuple(own[n].shape) for n in names}, {n: own[n].dtype for n in names},
                                    version)
                 else:
@@ -339,7 +338,7 @@ def serve() -> None:
                 reply = None
             elif name == "decode_staged":
                 max_waves, wave_rows, rows, seed = args
-                if getattr(engine, "receives", False):  # no staging copy: the engine's own weights are the newest
+                if engine.receives:  # no staging copy: the engine's own weights are the newest
                     engine.decode_apart(rows, seed, wave_rows)
                 else:
                     decode(Engine(staged, engine.limits, seed=seed, **engine_args), rows, max_waves, wave_rows)

@@ -109,7 +109,6 @@ class VLLMEngine:
         self.rng.manual_seed(seed)
         self.waves: list[list[Sequence]] = []  # the rows of each start() call, until all have ended
         self._live: dict[str, _Live] = {}  # request id -> row
-        self._apart: set[int] = set()  # ids of the rows decoding beside the pipeline's (`decode_apart`)
         self._ended: list[Sequence] = []  # rows that ended outside step() (no room left under max_model_len)
         self._requests = 0
         self._loads = 0  # the cache salt's generation: +1 at every load
@@ -253,7 +252,7 @@ class VLLMEngine:
         no other copy of them here), at most `wave_rows` at a time, their seeds from `seed`. The pipeline's
         running rows decode on meanwhile, in the same batches (the engine serves both, as a server would); those that
         end are handed over at the next `step`. Returns `rows`, filled in place."""
-        rng, queue, apart = torch.Generator(), list(rows), self._apart
+        rng, queue, apart = torch.Generator(), list(rows), set()  # apart: ids of these rows still decoding
         rng.manual_seed(seed)
         pipeline_ended: list[Sequence] = []
         while queue or apart:
