@@ -49,7 +49,8 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300
 
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
-    """A real single-node SLURM cluster (tests/slurm_cluster.py), started once; its SLURM_CONF is exported."""
+    """A real SLURM cluster of one node (and a partition of two, on this machine: tests/slurm_cluster.py), started
+    once; its SLURM_CONF is exported."""
     import slurm_cluster
 
     try:

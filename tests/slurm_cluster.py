@@ -1,5 +1,10 @@
-"""A real single-node SLURM cluster for the tests: munge, MariaDB + slurmdbd (so sacct works), slurmctld, slurmd,
+"""A real SLURM cluster for the tests: munge, MariaDB + slurmdbd (so sacct works), slurmctld, and two slurmd, each
 with eight fake GPUs (gres backed by character devices) so GPU requests are exercised.
+
+Its default partition has one node, this machine under its own name; partition `two` adds a second node on this
+machine too, named `localhost` (a name every machine resolves, as a job's rendezvous needs), served by a slurmd of its
+own on a port of its own (`slurmd -N`, per-node `Port`): jobs of two nodes run as on a real cluster, one task a node,
+with the second node's processes on the same machine.
 
 Needs root and Debian's packages slurmctld slurmd slurmdbd slurm-client munge mariadb-server (`.ci/run` installs
 them). Every file goes in one folder; clients find the cluster through $SLURM_CONF. `start()` returns a Cluster whose
@@ -19,6 +24,9 @@ from pathlib import Path
 
 PACKAGES = ("slurmctld", "slurmd", "slurmdbd", "sbatch", "munged", "mariadbd", "mariadb")
 PARTITION = "debug"
+TWO_NODES = "two"  # the partition of both nodes
+SECOND = "localhost"
+SLURMD_PORTS = (6918, 6921)
 FAKE_GPUS = tuple(f"/dev/fakegpu{i}" for i in range(8))
 
 
@@ -30,7 +38,8 @@ class ClusterUnavailable(RuntimeError):
 class Cluster:
     folder: Path
     env: dict
-    node: str
+    node: str  # the default partition's one node
+    nodes: tuple[str, ...] = ()  # every node (partition `two`); just `node` where the second cannot be named
     processes: list = field(default_factory=list)
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -38,6 +47,12 @@ class Cluster:
                               check=check, timeout=60)
 
     def stop(self) -> None:
+        """Cancel every job still running (their processes would outlive the daemons and hold their ports), then end
+        every daemon."""
+        if self.run("scancel", "--user=root", check=False).returncode == 0:
+            deadline = time.monotonic() + 30
+            while self.run("squeue", "-h", check=False).stdout.strip() and time.monotonic() < deadline:
+                time.sleep(0.5)
         for proc in reversed(self.processes):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -74,20 +89,21 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _configs(folder: Path, node: str, cpus: int, memory_mb: int) -> dict[str, str]:
+def _configs(folder: Path, nodes: tuple[str, ...], cpus: int, memory_mb: int) -> dict[str, str]:
+    node = nodes[0]
     common = f"""ClusterName=ablate{os.getpid()}
 SlurmctldHost={node}
 SlurmUser=root
 AuthType=auth/munge
 AuthInfo=cred_expire=10
 StateSaveLocation={folder}/state
-SlurmdSpoolDir={folder}/spool
+SlurmdSpoolDir={folder}/spool-%n
 SlurmctldPidFile={folder}/slurmctld.pid
-SlurmdPidFile={folder}/slurmd.pid
+SlurmdPidFile={folder}/slurmd-%n.pid
 SlurmctldLogFile={folder}/slurmctld.log
-SlurmdLogFile={folder}/slurmd.log
+SlurmdLogFile={folder}/slurmd-%n.log
 SlurmctldPort=6917
-SlurmdPort=6918
+SlurmdPort={SLURMD_PORTS[0]}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -102,9 +118,12 @@ KillWait=5
 ReturnToService=2
 MpiDefault=none
 GresTypes=gpu
-NodeName={node} CPUs={cpus} RealMemory={memory_mb} Gres=gpu:{len(FAKE_GPUS)} State=UNKNOWN
-PartitionName={PARTITION} Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
 """
+    for name, port in zip(nodes, SLURMD_PORTS):  # each node's slurmd listens on a port of its own
+        common += (f"NodeName={name} NodeAddr=127.0.0.1 Port={port} CPUs={cpus} RealMemory={memory_mb} "
+                   f"Gres=gpu:{len(FAKE_GPUS)} State=UNKNOWN\n")
+    common += (f"PartitionName={PARTITION} Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8\n"
+               f"PartitionName={TWO_NODES} Nodes={','.join(nodes)} MaxTime=INFINITE State=UP OverSubscribe=FORCE:8\n")
     gres = "AutoDetect=off\n" + "".join(f"Name=gpu File={dev}\n" for dev in FAKE_GPUS)
     dbd = f"""AuthType=auth/munge
 DbdHost=localhost
@@ -129,17 +148,18 @@ def start(folder: Path) -> Cluster:
         raise ClusterUnavailable(reason)
     folder.mkdir(parents=True, exist_ok=True)
     node = socket.gethostname().split(".")[0]
+    nodes = (node,) if node == SECOND else (node, SECOND)
     cpus = os.cpu_count() or 1
     memory_mb = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20 * 0.8)
-    for name, text in _configs(folder, node, cpus, memory_mb).items():
+    for name, text in _configs(folder, nodes, cpus, memory_mb).items():
         (folder / name).write_text(text)
     (folder / "slurmdbd.conf").chmod(0o600)
-    for sub in ("state", "spool"):
+    for sub in ("state", *(f"spool-{name}" for name in nodes)):
         (folder / sub).mkdir(exist_ok=True)
     for dev in FAKE_GPUS:
         if not Path(dev).exists():
             subprocess.run(["mknod", dev, "c", "1", "3"], check=True)
-    cluster = Cluster(folder, {"SLURM_CONF": str(folder / "slurm.conf")}, node)
+    cluster = Cluster(folder, {"SLURM_CONF": str(folder / "slurm.conf")}, node, nodes)
     env = {**os.environ, **cluster.env}
 
     def daemon(*cmd: str, log: str) -> None:
@@ -168,15 +188,19 @@ def start(folder: Path) -> Cluster:
         daemon("slurmctld", "-D", "-i", "-f", str(folder / "slurm.conf"), log="slurmctld.out")
         _wait("slurmctld", lambda: cluster.run("scontrol", "ping", check=False).stdout.count("UP") > 0,
               logs=(folder / "slurmctld.log",))
-        daemon("slurmd", "-D", "-f", str(folder / "slurm.conf"), log="slurmd.out")
+        for name in nodes:
+            daemon("slurmd", "-D", "-N", name, "-f", str(folder / "slurm.conf"), log=f"slurmd-{name}.out")
 
-        def node_idle() -> bool:
-            state = cluster.run("sinfo", "-h", "-o", "%T", check=False).stdout.strip()
-            if state.startswith(("drain", "down")):
-                cluster.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
-            return state.startswith(("idle", "mix", "alloc"))
+        def nodes_idle() -> bool:
+            states = dict(line.split() for line in cluster.run("sinfo", "-h", "-N", "-o", "%N %T", check=False)
+                          .stdout.splitlines() if len(line.split()) == 2)
+            for name, state in states.items():
+                if state.startswith(("drain", "down")):
+                    cluster.run("scontrol", "update", f"nodename={name}", "state=resume", check=False)
+            return set(states) == set(nodes) and all(s.startswith(("idle", "mix", "alloc")) for s in states.values())
 
-        _wait("the node", node_idle, timeout=40, logs=(folder / "slurmd.log", folder / "slurmctld.log"))
+        _wait("the nodes", nodes_idle, timeout=40,
+              logs=(*(folder / f"slurmd-{name}.log" for name in nodes), folder / "slurmctld.log"))
         _wait("accounting", lambda: cluster.run("sacct", "-n", "-X", check=False).returncode == 0,
               logs=(folder / "slurmdbd.log",))
     except BaseException:

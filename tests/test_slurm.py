@@ -1,5 +1,5 @@
-"""The SLURM path on a real single-node cluster (tests/slurm_cluster.py): job arrays, GPU requests, status,
-requeue and cancel with resume, idempotent re-sweeps. Skipped, with the reason, where the cluster cannot start."""
+"""The SLURM path on a real cluster (tests/slurm_cluster.py): job arrays, GPU requests, status, requeue and cancel
+with resume, idempotent re-sweeps, jobs of two nodes. Skipped, with the reason, where the cluster cannot start."""
 
 from __future__ import annotations
 
@@ -113,6 +113,83 @@ def test_a_job_of_trainer_ranks_and_an_engine_process_finishes(slurm, tmp_path):
     assert run.info.status == "FINISHED"
     assert run.data.params["trainer.ranks"] == "2" and run.data.params["run.generator_gpus"] == "1"
     assert run.data.metrics["perf/engine_load_s"] > 0 and run.data.metrics["perf/generator_tokens_per_s_per_gpu"] > 0
+
+
+def _histories(cwd, *keys, experiment="tiny-dryrun") -> dict[str, list[tuple[int, float]]]:
+    """The finished variant run's metric histories, (step, value to 6 decimals) in step order."""
+    client = tracking.client(f"sqlite:///{cwd}/mlflow.db")
+    exp = client.get_experiment_by_name(experiment).experiment_id
+    (run,) = [r for r in client.search_runs([exp]) if r.data.tags["ablate.role"] == "variant"]
+    assert run.info.status == "FINISHED"
+    return {key: sorted((m.step, round(m.value, 6)) for m in client.get_metric_history(run.info.run_id, key))
+            for key in keys}
+
+
+def test_a_job_of_two_nodes_trains_as_a_job_of_one_and_resumes_when_requeued(slurm, tmp_path):
+    """run=fsdp as one SLURM job over two nodes (partition `two`), a trainer rank on each: one task a node, node 0
+    hosting the ranks' rendezvous (static, ranks by SLURM_NODEID), the gloo group between the nodes, the checkpoint's
+    shards written by both. Requeued mid-run (both nodes' tasks killed), it resumes from its checkpoint with no step
+    lost or logged twice, and its curve is the one of the same 2 ranks in one node's job, never stopped."""
+    if len(slurm.nodes) < 2:
+        pytest.skip(f"this machine is named {slurm.node}: the test cluster's second node needs that name")
+    import slurm_cluster
+
+    steps = 40
+    common = ["sweep=recipes", "sweep.recipes=[scalerl]", "run=fsdp", f"train.steps={steps}", "train.val_every=5",
+              "train.checkpoint_every=10"]
+    one, two = tmp_path / "one_node", tmp_path / "two_nodes"
+    layouts = {one: ["launcher.gpus_per_node=2"],
+               two: ["launcher.nodes=2", "launcher.gpus_per_node=1", f"launcher.partition={slurm_cluster.TWO_NODES}"]}
+    for folder, layout in layouts.items():
+        folder.mkdir()
+        out = _ablate(folder, *common, *layout, env=slurm.env)
+        assert out.returncode == 0, out.stderr
+    run_id = _wait_for_step(two, 15)
+    job = _manifest(two)["jobs"][0]["job_id"]
+    slurm.run("scontrol", "requeue", job)
+    for folder in layouts:
+        status = _wait_until_done(folder, timeout=400)
+        assert status.stdout.count(" completed ") == 1, status.stdout + status.stderr
+    nodes = slurm.run("sacct", "-n", "-X", "-P", "-o", "NNodes,NodeList", "-j", job).stdout.split()
+    assert nodes[-1] == f"2|{','.join(sorted(slurm.nodes))}"  # the last of its jobs (a requeued job keeps its id)
+    logs = sorted(p.name for p in (two / "outputs" / "tiny" / "jobs").glob(f"*/{job}_*_log.out"))
+    assert logs == [f"{job}_0_log.out", f"{job}_1_log.out"]  # a task on each node
+    client, _ = _client(two)
+    _assert_complete(client, run_id, steps)
+    assert int(client.get_run(run_id).data.tags["ablate.resumed_from"]) >= 10  # the second start used a checkpoint
+    keys = ("loss/policy", "train/reward_mean", "val/pass_rate")
+    alone, spread = _histories(one, *keys), _histories(two, *keys)
+    assert [step for step, _ in spread["loss/policy"]] == list(range(1, steps + 1))
+    assert spread == alone
+
+
+@pytest.mark.slow  # 2 x 4 processes with the hf engine on 2 cores
+def test_a_job_of_two_nodes_with_the_engines_on_the_second_trains_as_a_job_of_one(slurm, tmp_path):
+    """The paper's arrangement in small: trainer nodes and generator nodes. run=fsdp + run.generator_gpus=2 over two
+    nodes puts the 2 trainer ranks on node 0 and the 2 engine processes on node 1 (local ranks 0 and 1 there), the
+    weights group spanning the nodes; the curve is the one-node job's."""
+    if len(slurm.nodes) < 2:
+        pytest.skip(f"this machine is named {slurm.node}: the test cluster's second node needs that name")
+    import slurm_cluster
+
+    args = [a for a in SLURM if a != "generator=mock"]
+    common = ["sweep=recipes", "sweep.recipes=[scalerl]", "run=fsdp", "run.generator_gpus=2", "train.steps=6",
+              "train.val_every=3", "task.n_val_prompts=16"]
+    one, two = tmp_path / "one_node", tmp_path / "two_nodes"
+    layouts = {one: ["launcher.gpus_per_node=4"],
+               two: ["launcher.nodes=2", "launcher.gpus_per_node=2", f"launcher.partition={slurm_cluster.TWO_NODES}"]}
+    for folder, layout in layouts.items():
+        folder.mkdir()
+        out = run_cli("-m", "ablate", *args, *common, *layout, cwd=folder, env=slurm.env)
+        assert out.returncode == 0, out.stderr
+    for folder in layouts:
+        status = _wait_until_done(folder, timeout=600)
+        assert status.stdout.count(" completed ") == 1, status.stdout + status.stderr
+    keys = ("loss/policy", "train/reward_mean", "val/pass_rate", "perf/engine_load_s")
+    alone, spread = (_histories(folder, *keys, experiment="tiny") for folder in layouts)  # not the mock's tiny-dryrun
+    assert spread.pop("perf/engine_load_s") and alone.pop("perf/engine_load_s")  # the engines loaded the weights
+    assert [step for step, _ in spread["loss/policy"]] == list(range(1, 7))
+    assert spread == alone
 
 
 def test_a_gpu_request_reaches_the_job(slurm, tmp_path):
