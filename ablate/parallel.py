@@ -424,9 +424,12 @@ def launch(cfg, fn, *args, **kwargs):
     except ChildFailedError as err:  # one line: which rank, and its error
         rank, failure = err.get_first_failure()
         message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
+        log = failure.error_file if os.path.isfile(failure.error_file) else "above"
+        if failure.exitcode > 0 and log == "above":  # no Python error: torch's message would be a link to its docs
+            message = f"it exited with code {failure.exitcode}"
         who = f"trainer rank {rank}" if rank < trainers else f"the generator engine's process (rank {rank})"
         raise RuntimeError(f"{who} failed: {str(message).strip().splitlines()[-1] if message else '?'}"
-                           f" (its log: {failure.error_file or 'above'})") from None
+                           f" (its log: {log})") from None
     finally:
         for log, level in zip(quiet, levels):
             log.setLevel(level)
@@ -514,6 +517,9 @@ def _rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
                     raise
                 result = None
             finally:
+                # the run is over: a warning now changes nothing, and would end this process once Python, exiting,
+                # resets its handlers to the default (which for USR2 is to die: a finished job reported failed)
+                signal.signal(signal.SIGUSR2, signal.SIG_IGN)
                 _broadcast(("stop", ()))
                 remote.release()  # engine processes the trainer never reached (it ended before building them)
                 disconnect_engines()

@@ -431,6 +431,39 @@ def test_with_an_engine_process_the_weights_stream_from_the_shards_and_validatio
                                                                        abs=1e-5)
 
 
+def _ignores_the_warning_at_exit() -> str:
+    """Rank 0's work in the test below: at its process's exit, fail it (exit code 12) unless SLURM's warning is
+    ignored there."""
+    import atexit
+
+    def check() -> None:
+        if signal.getsignal(signal.SIGUSR2) is not signal.SIG_IGN:
+            os._exit(12)
+
+    atexit.register(check)
+    return "done"
+
+
+def test_a_warning_as_the_ranks_exit_does_not_fail_a_finished_job():
+    """SLURM's warning (USR2) reaches every process of a job, whenever it comes: also as the ranks exit, their work
+    done. Python resets its handlers to the default as it exits, and the default of USR2 is to die: a rank that still
+    had one there was killed and the finished job reported failed (`trainer rank 0 failed: Signal 12`, seen on a
+    2-rank + vLLM engine run warned at its last step). Every rank ignores it by then."""
+    cfg = OmegaConf.create(_config("run=fsdp"))
+    assert parallel.launch(cfg, _ignores_the_warning_at_exit) == "done"
+
+
+def _exits_with_code_3() -> None:
+    os._exit(3)
+
+
+def test_a_rank_that_exits_with_a_code_is_named_with_it():
+    """No Python error to quote (torch's own message is then a link to its docs): the rank and its exit code."""
+    cfg = OmegaConf.create(_config("run=fsdp"))
+    with pytest.raises(RuntimeError, match=r"^trainer rank 0 failed: it exited with code 3 \(its log: above\)$"):
+        parallel.launch(cfg, _exits_with_code_3)
+
+
 def test_gpu_ranks_beyond_the_machines_cuda_devices_are_one_clear_error(monkeypatch):
     """run=fsdp on GPUs takes one CUDA device per process on each node (two NCCL ranks on one GPU crash): too few is
     an error that names both numbers, raised before any rank starts."""
