@@ -50,6 +50,11 @@ class Learner:
     The weights and AdamW's state are fp32; the decoder computes in `model.dtype` (ablate/policy.py).
     `ranks` spreads the rows and the weights over trainer processes (ablate/parallel.py: OneProcess, the default,
     or FSDP); the weights, advantages and loss are the whole batch's on any number of them.
+    `train/logprob_gap`: the mean |log pi_train - log pi_gen| over the trained tokens of the rows the generator sampled
+    wholly with the weights this step scores (their version; absent when there are none): what the generator's
+    numerics, and the weights it was sent, differ from the trainer's (the paper's FP32 LM head narrows it; a sync that
+    went wrong shows as a jump). Rows that an in-flight update reached are left out: their earlier tokens' KV cache
+    is of older weights, which moves their later log-probs too.
     """
 
     def __init__(self, cfg: DictConfig, policy: torch.nn.Module | None = None, ranks=None):
@@ -86,6 +91,9 @@ class Learner:
             adv[keep] = self.normalize(rewards[keep], ro.group[keep])
         weights = token_weights(self.aggregate, mask, ro.group)  # of the whole batch, on every rank
         total = 0.0
+        version = self.scheduler.last_epoch  # the weights' version: optimizer steps taken (0: the initial weights)
+        own = ((ro.versions == version) | ~mask).all(dim=1) & mask.any(dim=1)  # rows sampled wholly with them
+        gap = torch.zeros(2, device=device)  # sum |log pi_train - log pi_gen| over those rows' tokens, and count
         prompt_lengths = ro.prompt_mask.sum(dim=1)
         lengths = prompt_lengths + ro.lengths
         mine = self.ranks.share(lengths, mask.any(dim=1))
@@ -99,19 +107,26 @@ class Learner:
             logp = self.scorer(ro.prompt_tokens[rows, prompt], ro.prompt_mask[rows, prompt], ro.tokens[rows, :T],
                                ro.lengths[rows])
             per_token = self.loss(logp, ro.gen_logprobs[rows, :T], adv[rows], mask[rows, :T])
+            if i < len(batches):
+                fresh = mask[rows, :T] & own[rows, None]
+                gap += torch.stack([(logp.detach() - ro.gen_logprobs[rows, :T]).abs()[fresh].sum(), fresh.sum()])
             part = (per_token * weights[rows, :T]).sum() * scale
             self.ranks.sync_gradients(self.scorer, now=i == passes - 1)
             part.backward()
             total += part.item()
         total = self.ranks.total(total)
+        gap_sum, gap_count = self.ranks.total(float(gap[0])), self.ranks.total(float(gap[1]))
         if not math.isfinite(total):
             raise FloatingPointError(f"the policy loss is {total}: the run diverged")
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {"loss/policy": total, "train/adv_abs_mean": float(adv[keep].abs().mean()) if keep.any() else 0.0,
-                "train/lr": lr}
+        metrics = {"loss/policy": total, "train/lr": lr,
+                   "train/adv_abs_mean": float(adv[keep].abs().mean()) if keep.any() else 0.0}
+        if gap_count:  # tokens sampled with the very weights scored here: the generator's numerics against ours
+            metrics["train/logprob_gap"] = gap_sum / gap_count
+        return metrics
 
 
 def micro_batches(lengths: torch.Tensor, trained: torch.Tensor, max_rows: int, max_tokens: int = 0
@@ -331,6 +346,8 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
                 sampler.observe(rollouts.prompt_ids, rollouts.correct)
                 began = time.perf_counter()
                 update = learner.step(rollouts, rewards, keep)
+                if not samples_policy:  # the mock's log-probs are made up: no gap to measure
+                    update.pop("train/logprob_gap", None)
                 learner_s = time.perf_counter() - began
             except PromptsExhausted as err:  # a finite data set that NPR used up: the run ends here, saying so
                 state.stopped = f"stopped after step {step - 1} of {cfg.train.steps}: {err}"

@@ -152,6 +152,8 @@ def test_two_fsdp_ranks_take_the_same_step_as_one_process(two_ranks):
     assert fsdp["kinds"] == {"DTensor"} and one["kinds"] == {"Tensor"}  # really sharded
     assert fsdp["metrics"]["loss/policy"] == pytest.approx(one["metrics"]["loss/policy"], rel=1e-5, abs=1e-7)
     assert fsdp["metrics"]["train/adv_abs_mean"] == pytest.approx(one["metrics"]["train/adv_abs_mean"])
+    # the whole batch's mean over its tokens, not the mean of the ranks' means
+    assert fsdp["metrics"]["train/logprob_gap"] == pytest.approx(one["metrics"]["train/logprob_gap"], rel=1e-5)
     assert fsdp["grads"].keys() == one["grads"].keys()
     for name, g in one["grads"].items():
         torch.testing.assert_close(fsdp["grads"][name], g, rtol=1e-4, atol=1e-7, msg=name)

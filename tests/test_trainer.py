@@ -74,6 +74,30 @@ def test_micro_batching_in_the_learner_gives_the_whole_batch_gradient():
         assert torch.allclose(_gradient(cfg, ro, rewards, **settings), whole, rtol=1e-4, atol=1e-8), settings
 
 
+def test_the_logprob_gap_is_over_the_tokens_of_the_weights_scored_by_hand():
+    """train/logprob_gap: the generator's log-probs 0.25 below the trainer's on the rows sampled with the weights
+    being scored (version 0 at the first step), 50 below on rows of another version and on a row whose first token
+    is older (an in-flight update reached it): the gap is 0.25, those rows are left out; at the next step no row is of
+    version 1, and there is no gap to log."""
+    cfg = OmegaConf.create(OmegaConf.to_container(compose(["generator=mock"]), resolve=True, enum_to_str=True))
+    ro = build(cfg.generator, cfg=cfg).rollouts(list(range(8)), 0, compute=2000.0)
+    learner = Learner(cfg)
+    learner.micro_batch = ro.n  # one pass: the log-probs below are the learner's own
+    P, T = int(ro.prompt_mask.sum(1).max()), int(ro.lengths.max())
+    with torch.no_grad():
+        logp = learner.scorer(ro.prompt_tokens[:, -P:], ro.prompt_mask[:, -P:], ro.tokens[:, :T], ro.lengths)
+    other = (ro.group % 2 == 1)[:, None].expand(-1, T).clone()  # every other prompt's completions: another version
+    ro.versions = torch.where(other, 5, 0)
+    ro.versions[0, 0] = -1  # row 0 (prompt 0's): its first token of an older version, the rest of version 0
+    other[0] = True
+    ro.gen_logprobs = torch.zeros_like(ro.gen_logprobs)
+    ro.gen_logprobs[:, :T] = torch.where(other, logp - 50.0, logp - 0.25)
+    rewards = torch.arange(ro.n, dtype=torch.float32) % 3
+    keep = torch.ones(ro.n, dtype=torch.bool)
+    assert learner.step(ro, rewards, keep)["train/logprob_gap"] == pytest.approx(0.25, abs=1e-5)
+    assert "train/logprob_gap" not in learner.step(ro, rewards, keep)
+
+
 def test_micro_batches_take_rows_longest_first_within_the_row_and_token_caps():
     lengths = torch.tensor([5, 9, 2, 9, 7, 1])
     trained = torch.tensor([True, True, True, True, True, False])  # row 5 has nothing in the loss
