@@ -503,7 +503,9 @@ def test_two_fsdp_ranks_and_an_engine_process_reproduce_the_one_process_run(tmp_
         assert perf["perf/weight_sync_s"] >= perf["perf/engine_load_s"] and "perf/trainer_mfu" not in perf
         curves[layout] = {key: [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key),
                                                                   key=lambda m: m.step)]
-                          for key in ("val/pass_rate", "loss/policy", "train/reward_mean")}
+                          for key in ("val/pass_rate", "loss/policy", "train/reward_mean", "train/logprob_gap")}
+        gaps = [v for _, v in curves[layout]["train/logprob_gap"]]  # the engine decoded with the trainer's weights
+        assert gaps and max(gaps) < 1e-4, (layout, gaps)
     one = curves["one_process"]
     assert [s for s, _ in one["val/pass_rate"]] == [0, 2, 4, 6] and len(one["loss/policy"]) == 6
     for layout in ("fsdp", "fsdp+engine"):

@@ -38,6 +38,7 @@ TOL = 1e-4 if DTYPE == torch.float32 else 5e-2  # vLLM's kernels vs torch's, sam
 # bf16's rounding grows with the logits: the load test's model (weights + 0.2 noise, 10x their scale) had one
 # log-prob in 12 off by 0.069 (of -5.0) on an H100, 1.4% of it; 2^-6 is four bf16 steps
 RTOL = 0.0 if DTYPE == torch.float32 else 2**-6
+GAP = 1e-3 if DTYPE == torch.float32 else 0.1  # train/logprob_gap of a run whose engines have the trainer's weights
 ENGINE = {"temperature": 1.0, "seed": 0, "kv_cache_bytes": 2**28, "max_model_len": 512, "compute_dtype": DTYPE,
           "enforce_eager": True, "gpu_memory_utilization": 0.3}
 TOK = build_tokenizer()
@@ -292,7 +293,7 @@ def _finished_run(folder, overrides: list[str]):
     assert found.info.status == "FINISHED"
     return found, {key: [(m.step, m.value) for m in sorted(client.get_metric_history(found.info.run_id, key),
                                                            key=lambda m: m.step)]
-                   for key in ("val/pass_rate", "loss/policy", "train/reward_mean")}
+                   for key in ("val/pass_rate", "loss/policy", "train/reward_mean", "train/logprob_gap")}
 
 
 def test_vllm_engines_in_processes_of_their_own_reproduce_the_in_process_run(tmp_path):
@@ -354,6 +355,71 @@ def test_weights_sent_straight_into_vllm_engine_processes_train_as_the_staged_on
                 (layout, key)
         val = curves[layout]["val/pass_rate"]
         assert [s for s, _ in val] == [s for s, _ in staged["val/pass_rate"]] and all(0 <= v <= 1 for _, v in val)
+    for layout, curve in curves.items():  # vLLM decoded with the trainer's weights, at every step
+        assert len(curve["train/logprob_gap"]) >= 3 and max(v for _, v in curve["train/logprob_gap"]) < GAP, layout
     # one engine over two processes validates as one: the same rows, the same seeds
     assert [v for _, v in curves["direct_tp"]["val/pass_rate"]] == \
         pytest.approx([v for _, v in curves["direct"]["val/pass_rate"]], abs=1e-6)
+
+
+@pytest.mark.skipif(DEVICE.type == "cuda" and torch.cuda.device_count() < 3,
+                    reason="trainer processes and vLLM engine processes take a GPU each")
+@pytest.mark.timeout(600)
+def test_a_warned_direct_run_resumes_into_fresh_vllm_engine_processes(tmp_path):
+    """generator.weight_transfer=direct across a restart: SLURM's warning (USR2, sent by hand) after step 3
+    checkpoints the run at the end of its step and stops it (RUNNING: no SLURM here to requeue it); started again, the new engine process's vLLM gets the
+    checkpoint's weights straight from the FSDP shards (`reset_weights`: the stage is the load), regenerates the
+    prompts started and not trained, and the run finishes: no step lost or logged twice, the steps before the
+    checkpoint as the uninterrupted run's, and after it the trainer's log-probs on the tokens the new engine sampled
+    (train/logprob_gap)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    steps = 20
+    common = ["generator=vllm", "generator.concurrent=false", "generator.enforce_eager=true",
+              "generator.kv_cache_gib=0.25", f"model.dtype={str(DTYPE).removeprefix('torch.')}", "model.num_heads=2",
+              f"model.device={DEVICE.type}", f"train.steps={steps}", "train.val_every=100", "task.n_val_prompts=16",
+              "train.checkpoint_every=1000", "run=fsdp", "run.generator_gpus=1", "generator.weight_transfer=direct"]
+    _, whole = _finished_run(tmp_path / "whole", common)
+    folder = tmp_path / "warned"
+    folder.mkdir()
+    client = tracking.client(f"sqlite:///{folder / 'mlflow.db'}")  # made first: polling never races its migration
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.Popen([sys.executable, "-m", "ablate", *common], cwd=folder, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, run_id = time.monotonic() + 300, None
+        while run_id is None:
+            assert time.monotonic() < deadline and proc.poll() is None, "the run did not get to step 3"
+            time.sleep(0.2)
+            exp = client.get_experiment_by_name("tiny")
+            runs = [] if exp is None else client.search_runs([exp.experiment_id])
+            if runs and len(client.get_metric_history(runs[0].info.run_id, "loss/policy")) >= 3:
+                run_id = runs[0].info.run_id
+        proc.send_signal(signal.SIGUSR2)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted", err[-2000:]  # no requeue here
+    assert client.get_run(run_id).info.status == "RUNNING"  # to be resumed
+    saved_at = int(client.get_run(run_id).data.tags["ablate.requeued_at"])
+    assert 3 <= saved_at < steps
+
+    out = run_cli("-m", "ablate", *common, cwd=folder, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and int(run.data.tags["ablate.resumed_from"]) == saved_at
+    for key in ("compute/gpu_hours", "loss/policy", "train/reward_mean"):
+        history = client.get_metric_history(run_id, key)
+        assert sorted(m.step for m in history) == list(range(0 if key == "compute/gpu_hours" else 1, steps + 1)), key
+    rewards = {m.step: m.value for m in client.get_metric_history(run_id, "train/reward_mean")}
+    assert [rewards[s] for s in range(1, saved_at + 1)] == \
+        pytest.approx([v for s, v in whole["train/reward_mean"] if s <= saved_at], abs=1e-6)
+    # the new engine process decoded with the checkpoint's weights: on the tokens it sampled with the weights the
+    # trainer then scored, its log-probs are the trainer's
+    gaps = {m.step: m.value for m in client.get_metric_history(run_id, "train/logprob_gap")}
+    assert any(s > saved_at for s in gaps) and max(gaps.values()) < GAP, gaps
