@@ -129,12 +129,13 @@ def test_a_job_of_two_nodes_trains_as_a_job_of_one_and_resumes_when_requeued(slu
     """run=fsdp as one SLURM job over two nodes (partition `two`), a trainer rank on each: one task a node, node 0
     hosting the ranks' rendezvous (static, ranks by SLURM_NODEID), the gloo group between the nodes, the checkpoint's
     shards written by both. Requeued mid-run (both nodes' tasks killed), it resumes from its checkpoint with no step
-    lost or logged twice, and its curve is the one of the same 2 ranks in one node's job, never stopped."""
+    lost or logged twice, and its curve is the one of the same 2 ranks in one node's job, never stopped (exactly: the
+    mock's rollouts do not depend on the weights, so nothing regenerated after the restart can differ)."""
     if len(slurm.nodes) < 2:
         pytest.skip(f"this machine is named {slurm.node}: the test cluster's second node needs that name")
     import slurm_cluster
 
-    steps = 40
+    steps = 60  # ~0.6 s each here until the one-node job ends: the requeue lands near step 20
     common = ["sweep=recipes", "sweep.recipes=[scalerl]", "run=fsdp", f"train.steps={steps}", "train.val_every=5",
               "train.checkpoint_every=10"]
     one, two = tmp_path / "one_node", tmp_path / "two_nodes"
