@@ -367,11 +367,11 @@ def test_weights_sent_straight_into_vllm_engine_processes_train_as_the_staged_on
 @pytest.mark.timeout(600)
 def test_a_warned_direct_run_resumes_into_fresh_vllm_engine_processes(tmp_path):
     """generator.weight_transfer=direct across a restart: SLURM's warning (USR2, sent by hand) after step 3
-    checkpoints the run at the end of its step and stops it (RUNNING: no SLURM here to requeue it); started again, the new engine process's vLLM gets the
-    checkpoint's weights straight from the FSDP shards (`reset_weights`: the stage is the load), regenerates the
-    prompts started and not trained, and the run finishes: no step lost or logged twice, the steps before the
-    checkpoint as the uninterrupted run's, and after it the trainer's log-probs on the tokens the new engine sampled
-    (train/logprob_gap)."""
+    checkpoints the run at the end of its step and stops it (RUNNING: no SLURM here to requeue it); started again,
+    the new engine process's vLLM gets the checkpoint's weights straight from the FSDP shards (`reset_weights`: the
+    stage is the load), regenerates the prompts started and not trained, and the run finishes: no step lost or
+    logged twice, the steps before the checkpoint as the uninterrupted run's, and after it the trainer's log-probs
+    on the tokens the new engine sampled (train/logprob_gap)."""
     import os
     import signal
     import subprocess
@@ -388,8 +388,10 @@ def test_a_warned_direct_run_resumes_into_fresh_vllm_engine_processes(tmp_path):
     folder.mkdir()
     client = tracking.client(f"sqlite:///{folder / 'mlflow.db'}")  # made first: polling never races its migration
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    proc = subprocess.Popen([sys.executable, "-m", "ablate", *common], cwd=folder, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = folder / "stderr.txt"  # a file, not a pipe: vLLM's logs would fill a pipe nobody reads while we poll
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "ablate", *common], cwd=folder, env=env,
+                                stdout=subprocess.DEVNULL, stderr=stderr)
     try:
         deadline, run_id = time.monotonic() + 300, None
         while run_id is None:
@@ -400,10 +402,11 @@ def test_a_warned_direct_run_resumes_into_fresh_vllm_engine_processes(tmp_path):
             if runs and len(client.get_metric_history(runs[0].info.run_id, "loss/policy")) >= 3:
                 run_id = runs[0].info.run_id
         proc.send_signal(signal.SIGUSR2)
-        _, err = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
+    err = log.read_text()
     assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted", err[-2000:]  # no requeue here
     assert client.get_run(run_id).info.status == "RUNNING"  # to be resumed
     saved_at = int(client.get_run(run_id).data.tags["ablate.requeued_at"])
