@@ -75,12 +75,21 @@ def client(uri: str):
 
 
 def experiment_id(mlflow_client, name: str) -> str:
+    """The id of the experiment `name`, made if there is none. Sweeps started side by side into one store may both
+    find none: the one whose create then loses takes the other's."""
+    from mlflow.exceptions import MlflowException
+
     experiment = mlflow_client.get_experiment_by_name(name)
-    if experiment is not None:
-        if experiment.lifecycle_stage == "deleted":
-            raise TrackingUnavailable(f"MLflow experiment '{name}' is deleted; restore it or pick another name")
-        return experiment.experiment_id
-    return mlflow_client.create_experiment(name)
+    if experiment is None:
+        try:
+            return mlflow_client.create_experiment(name)
+        except MlflowException as err:
+            experiment = mlflow_client.get_experiment_by_name(name)
+            if err.error_code != "RESOURCE_ALREADY_EXISTS" or experiment is None:
+                raise
+    if experiment.lifecycle_stage == "deleted":
+        raise TrackingUnavailable(f"MLflow experiment '{name}' is deleted; restore it or pick another name")
+    return experiment.experiment_id
 
 
 def _quote(value: str) -> str:

@@ -78,3 +78,26 @@ def test_points_the_store_refuses_are_spilled_to_a_file_not_lost(mlflow_uri, tmp
     logger.flush()
     rows = [json.loads(line) for line in (tmp_path / "spill.jsonl").read_text().splitlines()]
     assert rows == [{"key": "val/pass_rate", "value": 0.25, "step": 3, "timestamp": rows[0]["timestamp"]}]
+
+
+def test_two_sweeps_that_both_find_no_experiment_share_the_one_the_first_made(mlflow_uri):
+    """The race of sweeps started side by side into one store (seen in CI: three mock sweeps, `Experiment(name=
+    mock-truth) already exists`): both look, find none, both create; the loser takes the winner's experiment."""
+    winner = tracking.client(mlflow_uri)
+    made = tracking.experiment_id(winner, "side-by-side")
+
+    class Late:  # looked before the winner's create landed, created after it
+        def __init__(self, client):
+            self.client, self.looked = client, False
+
+        def get_experiment_by_name(self, name):
+            if not self.looked:
+                self.looked = True
+                return None
+            return self.client.get_experiment_by_name(name)
+
+        def create_experiment(self, name):
+            return self.client.create_experiment(name)
+
+    assert tracking.experiment_id(Late(tracking.client(mlflow_uri)), "side-by-side") == made
+    assert [e.name for e in winner.search_experiments()].count("side-by-side") == 1
