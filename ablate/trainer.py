@@ -115,7 +115,7 @@ class Learner:
             part.backward()
             total += part.item()
         total = self.ranks.total(total)
-        gap_sum, gap_count = self.ranks.total(float(gap[0])), self.ranks.total(float(gap[1]))
+        gap_sum, gap_count = (self.ranks.total(v) for v in gap.tolist())  # one read from the device
         if not math.isfinite(total):
             raise FloatingPointError(f"the policy loss is {total}: the run diverged")
         lr = self.scheduler.get_last_lr()[0]

@@ -53,9 +53,9 @@ def _wait_until_done(cwd, timeout=300) -> subprocess.CompletedProcess:
     raise AssertionError(f"the sweep did not end in {timeout} s:\n{out.stdout if out else _status(cwd).stdout}")
 
 
-def _client(cwd):
+def _client(cwd, experiment="tiny-dryrun"):
     client = tracking.client(f"sqlite:///{cwd}/mlflow.db")
-    return client, client.get_experiment_by_name("tiny-dryrun").experiment_id
+    return client, client.get_experiment_by_name(experiment).experiment_id
 
 
 def _manifest(cwd) -> dict:
@@ -117,8 +117,7 @@ def test_a_job_of_trainer_ranks_and_an_engine_process_finishes(slurm, tmp_path):
 
 def _histories(cwd, *keys, experiment="tiny-dryrun") -> dict[str, list[tuple[int, float]]]:
     """The finished variant run's metric histories, (step, value to 6 decimals) in step order."""
-    client = tracking.client(f"sqlite:///{cwd}/mlflow.db")
-    exp = client.get_experiment_by_name(experiment).experiment_id
+    client, exp = _client(cwd, experiment)
     (run,) = [r for r in client.search_runs([exp]) if r.data.tags["ablate.role"] == "variant"]
     assert run.info.status == "FINISHED"
     return {key: sorted((m.step, round(m.value, 6)) for m in client.get_metric_history(run.info.run_id, key))
