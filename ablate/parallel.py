@@ -39,7 +39,9 @@ import logging
 import os
 import shutil
 import signal
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -405,9 +407,10 @@ def launch(cfg, fn, *args, **kwargs):
     # displaced (submitit's: requeue the job). Here it is only noted, and passed on to the ranks once (SLURM may
     # have signalled them too: rank 0 holds it either way, the others ignore it).
     warned: list[int] = []
+    once = threading.Lock()
 
     def note_warning(signum, frame) -> None:
-        if not warned:
+        if once.acquire(blocking=False):
             warned.append(signum)
             for pid in _ranks_started_here():
                 os.kill(pid, signal.SIGUSR2)
@@ -416,7 +419,8 @@ def launch(cfg, fn, *args, **kwargs):
     cpp_log = os.environ.get("TORCH_CPP_LOG_LEVEL")
     os.environ["TORCH_CPP_LOG_LEVEL"] = cpp_log or "ERROR"  # the ranks: no warnings of collectives a Ctrl-C cut off
     try:
-        results = elastic_launch(config, _rank_main)(plain, fn, args, kwargs)
+        with _ranks_born_with_the_warning_blocked(note_warning):
+            results = elastic_launch(config, _rank_main)(plain, fn, args, kwargs)
     except SignalException as err:  # Ctrl-C reached the launcher: it stopped the ranks (rank 0 closed its run)
         if err.sigval == signal.SIGINT:
             raise KeyboardInterrupt from None
@@ -443,6 +447,39 @@ def launch(cfg, fn, *args, **kwargs):
             displaced(signal.SIGUSR2, None)  # submitit: requeue, then SystemExit
         raise KeyboardInterrupt("SIGUSR2 with no handler to requeue the job")
     return results[0]
+
+
+@contextmanager
+def _ranks_born_with_the_warning_blocked(note: Callable) -> Iterator[None]:
+    """SLURM's warning (USR2) reaches every process of the job, whenever it comes: also a rank still starting
+    (importing torch), where USR2 still does what it does by default, which is to end the process. The job would
+    fail instead of requeuing. So this thread blocks USR2 while it starts the ranks: they are born with it blocked
+    (a process inherits its parent's signal mask), and a warning waits in each until `_rank_main` has set that rank's
+    handler and unblocks it. Meanwhile this process's own warning is taken by a thread of its own, for `note` (the
+    Python handler `note` still catches it where another thread, started before and not blocking it, gets it)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+    done = threading.Event()
+
+    def wait() -> None:
+        while not done.is_set():
+            if signal.sigtimedwait({signal.SIGUSR2}, 0.1) is not None:
+                note(signal.SIGUSR2, None)
+
+    waiter = threading.Thread(target=wait, name="ablate-warning", daemon=True)
+    waiter.start()
+    try:
+        yield
+    finally:
+        done.set()
+        waiter.join()
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # one that came since goes to `note`, still installed
+
+
+def _take_the_warning(handler) -> None:
+    """A rank's answer to SLURM's warning, set: then unblock it (`_ranks_born_with_the_warning_blocked`), which
+    delivers one that came while the rank was starting."""
+    signal.signal(signal.SIGUSR2, handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR2})
 
 
 def layout_name(trainers: int, engines: int) -> str:
@@ -504,13 +541,13 @@ def _rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
         connect_engines(_job_store(), rank, trainers, engines, backend)
     try:
         if rank != 0:
-            signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # the warning is rank 0's (`launch`)
+            _take_the_warning(signal.SIG_IGN)  # the warning is rank 0's (`launch`)
             result = follow(OmegaConf.create(cfg))
         else:
-            # what the trainer hands the warning to once it has checkpointed: the end of this rank (the launcher's
-            # process requeues the job)
-            signal.signal(signal.SIGUSR2, _stop_for_requeue)
             try:
+                # what the trainer hands the warning to once it has checkpointed: the end of this rank (the launcher's
+                # process requeues the job); one that came while this rank started ends it here, before `fn`
+                _take_the_warning(_stop_for_requeue)
                 result = fn(*args, **kwargs)
             except SystemExit as stop:  # stopped at SLURM's warning (`_stop_for_requeue`): an end like any other
                 if stop.code not in (0, None):
@@ -543,7 +580,7 @@ def _engine_main(cfg: dict, rank: int, local: int, trainers: int, engines: int) 
     from ablate.generators import remote
     from ablate.policy import device_of
 
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # the warning is rank 0's (`launch`)
+    _take_the_warning(signal.SIG_IGN)  # the warning is rank 0's (`launch`)
     tp = int(cfg["generator"].get("tensor_parallel_size", 1))
     engine, tp_rank = divmod(rank - trainers, tp)
     if str(cfg["model"].get("device", "auto")) != "cpu":

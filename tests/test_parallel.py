@@ -455,6 +455,52 @@ def test_a_warning_as_the_ranks_exit_does_not_fail_a_finished_job():
     assert parallel.launch(cfg, _ignores_the_warning_at_exit) == "done"
 
 
+def _never_reached() -> str:
+    return "ran"
+
+
+class Requeued(Exception):
+    """What the test below's stand-in for submitit's handler raises (submitit's requeues the job, then exits)."""
+
+
+def test_a_warning_while_the_ranks_start_requeues_the_job_instead_of_killing_them():
+    """SLURM's warning reaches every process of the job at once: also ranks still starting (importing torch), where
+    USR2 still does what it does by default, which is to end the process. They were killed and the job failed
+    (`trainer rank 0 failed: Signal 12`) instead of requeuing. Here it reaches this process and each rank as soon as
+    the rank exists: the ranks hold it until their handlers are set, rank 0 stops before its work, and the job is
+    handed to the requeue handler; this thread's signal mask is as it was."""
+    import threading
+
+    cfg = OmegaConf.create(_config("run=fsdp"))
+    warned: set[int] = set()
+    stop = threading.Event()
+
+    def warn_as_the_ranks_appear() -> None:  # as SLURM does: the job's every process
+        while not stop.is_set() and len(warned) < 2:
+            for pid in set(parallel._ranks_started_here()) - warned:
+                if not warned:
+                    os.kill(os.getpid(), signal.SIGUSR2)
+                os.kill(pid, signal.SIGUSR2)
+                warned.add(pid)
+            time.sleep(0.005)
+
+    def requeue(signum, frame) -> None:
+        raise Requeued
+
+    displaced = signal.signal(signal.SIGUSR2, requeue)
+    sender = threading.Thread(target=warn_as_the_ranks_appear, daemon=True)
+    sender.start()
+    try:
+        with pytest.raises(Requeued):
+            parallel.launch(cfg, _never_reached)
+    finally:
+        stop.set()
+        sender.join()
+        signal.signal(signal.SIGUSR2, displaced)
+    assert len(warned) == 2
+    assert signal.SIGUSR2 not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+
+
 def _exits_with_code_3() -> None:
     os._exit(3)
 
