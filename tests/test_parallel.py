@@ -562,8 +562,8 @@ def test_two_fsdp_ranks_and_an_engine_process_reproduce_the_one_process_run(tmp_
 
 
 def test_a_rank_that_fails_is_named_in_one_line_and_its_run_is_failed(tmp_path):
-    out = run_cli("-m", "ablate", "run=fsdp", "model.device=cpu", "generator=mock", "generator.crash_at_step=2", "train.steps=5",
-                  cwd=tmp_path)
+    out = run_cli("-m", "ablate", "run=fsdp", "model.device=cpu", "generator=mock", "generator.crash_at_step=2",
+                  "train.steps=5", cwd=tmp_path)
     assert out.returncode != 0
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("error: trainer rank 0 failed: RuntimeError: the simulated job crashes at step 2"), last
@@ -577,8 +577,8 @@ def _signalled(folder, signum: int, *overrides: str):
     step, and wait for it: (client, run, return code, stderr, its pid). The test's ./mlflow.db is made beforehand
     (the mlflow_uri fixture), so polling it never races the run's own schema migration."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    proc = subprocess.Popen([sys.executable, "-m", "ablate", "run=fsdp", "model.device=cpu", "generator=mock", "train.steps=100000",
-                             *overrides], cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "ablate", "run=fsdp", "model.device=cpu", "generator=mock",
+                             "train.steps=100000", *overrides], cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
         deadline, run = time.monotonic() + 120, None
@@ -706,10 +706,12 @@ def _free_rendezvous_job_id() -> int:
     raise RuntimeError("no free port in 29500..39499")
 
 
+@pytest.mark.slow  # 25 s; on SLURM (CI's too) the default suite runs a real 2-node job (tests/test_slurm.py)
 def test_a_job_of_two_nodes_starts_its_ranks_on_both_and_finishes(tmp_path):
     """What a SLURM job of 2 nodes runs, one task per node (`ablate.job.run_variant` with SLURM's variables; both
     "nodes" on this machine): node 0 starts trainer ranks 0-1 and hosts the rendezvous, node 1 the 2 engine
-    processes (ranks 2-3); the run finishes, node 0's task returns the result and node 1's returns without one."""
+    processes (ranks 2-3); the run finishes, node 0's task returns the result and node 1's returns without one.
+    Where SLURM cannot run, the only 2-node job (its engines on the second node: also -m slow in test_slurm.py)."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = tracking.client(uri)
     run_id = tracking.create_variant_run(client, tracking.experiment_id(client, "nodes"), "scalerl", {})
