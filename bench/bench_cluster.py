@@ -22,6 +22,14 @@ GPU, which does not decode while it receives (ablate/generators/remote.py); at `
 NCCL's broadcast over the nodes' network, not measured here) each generator GPU loses 2N / that seconds a step,
 counted as generation work.
 
+Memory per GPU (does the layout fit?): a trainer rank holds its shard of the fp32 master weights, AdamW's moments
+and the fp32 gradients (16 bytes a parameter over the ranks), one or two all-gathered decoder layers, one chunk of
+fp32 logits (ablate/rl/precision.py) and a micro-batch's activations: what autograd keeps per token per decoder layer
+(`layer_activation_bytes`, by hand; tests/test_compute.py measures it on an HF Llama), or with
+train.activation_checkpointing each layer's input and one layer's whole set during its recomputation. A generator
+GPU holds the bf16 weights, the staged copy beside vLLM (generator.weight_transfer=staged) and, in vLLM's share of
+the GPU (generator.gpu_memory_utilization), the KV cache its rows need: `generator.max_waves` batches' rows at once.
+
     python bench/bench_cluster.py                       # paper_8b, H100 defaults
     python bench/bench_cluster.py --gen-tokens-per-s 400 --completion 9000 --kept 0.4
 """
@@ -41,6 +49,61 @@ from ablate.offpolicy import PipelineRL, PPOOffPolicy  # noqa: E402
 PAPER_GPU_HOURS = 16_000.0  # per LOO variant (shared/notes/scalerl-facts.md)
 H100_PEAK_TFLOPS = 798.0  # dense bf16, measured (gpu-facts.md)
 ANCHOR = {"params": 0.89e9, "gen_tokens_per_s": 26_000.0, "train_mfu": 0.32}  # gpu-facts.md, on the H100
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A decoder's shape (the defaults: Llama-3.1-8B, the size of paper_8b)."""
+    layers: int = 32
+    hidden: int = 4096
+    intermediate: int = 14336
+    heads: int = 32
+    kv_heads: int = 8
+    vocab: int = 128256
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.hidden // self.heads
+
+    @property
+    def layer_params(self) -> int:  # q, o; k, v; gate, up, down
+        return 2 * self.hidden ** 2 + 2 * self.hidden * self.kv_dim + 3 * self.hidden * self.intermediate
+
+
+def layer_activation_bytes(shape: Shape) -> int:
+    """Bytes autograd keeps per token for one HF Llama decoder layer computing in bf16 with a fused attention kernel
+    (flash or memory-efficient SDPA: no T x T scores): each of the two RMSNorms its fp32 input (4h), the fp32 rstd
+    (4), the normalized and the scaled bf16 (2h + 2h); attention's q (2h), k and v (2 x 2 kv_dim), output (2h) and
+    fp32 log-sum-exp (4 a head); the MLP's gate, up, SiLU and product (4 x 2I)."""
+    h = shape.hidden
+    return 2 * (8 * h + 4) + 2 * h + 4 * shape.kv_dim + 2 * h + 4 * shape.heads + 8 * shape.intermediate
+
+
+def trainer_memory(shape: Shape, params: float, ranks: int, micro_tokens: float, checkpointing: bool,
+                   chunk: int = 1024) -> dict:
+    """GB a trainer rank holds at its peak (the backward of a micro-batch of `micro_tokens` tokens)."""
+    state = 16 * params / ranks  # fp32 master 4 + AdamW's two moments 8 + fp32 gradients 4, sharded
+    layers = shape.layer_params * (2 + 2 + 4)  # two layers' gathered bf16 weights and one's unsharded fp32 grads
+    head = 2 * chunk * shape.vocab * 4  # a chunk's fp32 logits and their gradient
+    per_layer = layer_activation_bytes(shape)
+    if checkpointing:  # every layer's bf16 input, and one layer recomputed whole
+        activations = micro_tokens * (shape.layers * 2 * shape.hidden + per_layer)
+    else:
+        activations = micro_tokens * shape.layers * per_layer
+    gb = {"state": state / 1e9, "activations": activations / 1e9, "layers_and_head": (layers + head) / 1e9}
+    return {**gb, "total": sum(gb.values())}
+
+
+def generator_memory(shape: Shape, params: float, gpu_gb: float, utilization: float, staged: bool,
+                     rows_at_once: float, seq_tokens: float) -> dict:
+    """A generator GPU (one engine a GPU): its weights, the staged copy, and the sequences vLLM's KV cache holds at
+    `seq_tokens` tokens each (vLLM's own activations come out of its share too: an upper bound)."""
+    weights = 2 * params / 1e9
+    kv_per_token = 2 * shape.layers * shape.kv_dim * 2  # K and V, bf16
+    kv_gb = utilization * gpu_gb - weights
+    fits = max(kv_gb, 0.0) * 1e9 / (kv_per_token * seq_tokens)
+    return {"weights": weights, "staged": weights if staged else 0.0, "kv_gb": kv_gb, "sequences": fits,
+            "wanted": rows_at_once, "outside_vllm": (1 - utilization) * gpu_gb}
 
 
 @dataclass(frozen=True)
@@ -78,7 +141,8 @@ def sync_seconds(params: float, gb_per_s: float) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--params", type=float, default=8e9, help="model parameters N (paper_8b: 8e9)")
+    p.add_argument("--params", type=float, default=8e9,
+                   help="model parameters N (paper_8b: 8e9; the memory section takes Llama-3.1-8B's shape)")
     p.add_argument("--generators", type=int, default=64, help="generator GPUs (paper: 64)")
     p.add_argument("--trainers", type=int, default=16, help="trainer GPUs (paper: 16)")
     p.add_argument("--steps", type=int, default=1600, help="optimizer steps per run (experiment=paper_8b: 1,600)")
@@ -94,6 +158,16 @@ def main() -> None:
     p.add_argument("--peak-tflops", type=float, default=H100_PEAK_TFLOPS, help="dense bf16 peak per GPU")
     p.add_argument("--sync-gb-per-s", type=float, default=20.0,
                    help="weight broadcast bandwidth to the generator GPUs, GB/s (0: no sync cost)")
+    p.add_argument("--gpu-gb", type=float, default=80.0, help="memory per GPU, GB (H100: 80)")
+    p.add_argument("--micro-rows", type=int, default=8, help="rows per micro-batch (train.micro_batch_size)")
+    p.add_argument("--micro-tokens", type=int, default=65536,
+                   help="tokens per micro-batch, padded, at most (train.micro_batch_tokens, paper_8b's; 0: no cap)")
+    p.add_argument("--no-checkpointing", action="store_true",
+                   help="train.activation_checkpointing=false (paper_8b: true)")
+    p.add_argument("--max-len", type=float, default=16384.0, help="the longest row: prompt + completion budgets")
+    p.add_argument("--utilization", type=float, default=0.5, help="vLLM's share of a GPU (gpu_memory_utilization)")
+    p.add_argument("--direct", action="store_true", help="generator.weight_transfer=direct: no staged copy")
+    p.add_argument("--waves", type=int, default=4, help="batches decoding at once (generator.max_waves)")
     a = p.parse_args()
 
     gen_tps = a.gen_tokens_per_s or ANCHOR["gen_tokens_per_s"] * ANCHOR["params"] / a.params
@@ -111,9 +185,6 @@ def main() -> None:
           f"{a.kept:.0%} of rows kept")
     print(f"per GPU: generator {gen_tps:,.0f} tokens/s ({gen_tps * 2 * a.params / 1e12 / a.peak_tflops:.1%} MFU), "
           f"trainer {train_tps:,.0f} tokens/s ({a.train_mfu:.0%} MFU)")
-    state_gb = a.params * (4 + 8 + 4) / a.trainers / 1e9  # fp32 master + AdamW moments + fp32 grads, sharded
-    print(f"trainer state per GPU (fp32 master, AdamW, fp32 grads; FSDP over {a.trainers}): {state_gb:.1f} GB "
-          f"(on one GPU: {state_gb * a.trainers:.0f} GB)")
     print(f"weight sync: {2 * a.params / 1e9:.0f} GB of bf16 to every generator GPU, {sync_s:.2f} s a step at "
           f"{a.sync_gb_per_s:g} GB/s (in the generation time below); each holds it twice (decoding + staging copy)")
     print(f"one step on the whole layout: generation {gen_s / a.generators:,.1f} s, training "
@@ -133,6 +204,37 @@ def main() -> None:
     implied = generated * a.steps / (PAPER_GPU_HOURS * 3600 / gpus) / a.generators
     print(f"the paper's 16,000 GPU-hours over {a.steps} steps imply {implied:,.0f} generated tokens/s per generator "
           f"GPU at these lengths (if generation sets the pace)")
+    print_memory(a, Shape())
+
+
+def micro_batch_tokens(rows: int, cap: int, row_tokens: float) -> float:
+    """Tokens of a micro-batch of rows `row_tokens` long, padded: `rows` of them, fewer under the cap (at least one)."""
+    if cap:
+        rows = max(1, min(rows, int(cap // row_tokens)))
+    return rows * row_tokens
+
+
+def print_memory(a, shape: Shape) -> None:
+    checkpointing = not a.no_checkpointing
+    print(f"\nmemory per GPU ({a.gpu_gb:g} GB; an 8B Llama's decoder layer keeps {layer_activation_bytes(shape) / 1024:,.0f} KiB "
+          "of activations per token):")
+    for label, length in (("mean rows", a.prompt_len + a.completion), ("longest rows", a.max_len)):
+        tokens = micro_batch_tokens(a.micro_rows, a.micro_tokens, length)
+        m = trainer_memory(shape, a.params, a.trainers, tokens, checkpointing)
+        other = trainer_memory(shape, a.params, a.trainers, tokens, not checkpointing)
+        verdict = "fits" if m["total"] <= a.gpu_gb else "DOES NOT FIT"
+        print(f"  trainer, {label} ({tokens:,.0f} tokens a micro-batch): {m['state']:.1f} state + "
+              f"{m['activations']:.1f} activations + {m['layers_and_head']:.1f} layers and head = "
+              f"{m['total']:.1f} GB: {verdict} ({'without' if checkpointing else 'with'} activation checkpointing: "
+              f"{other['total']:,.0f} GB)")
+    rows_at_once = a.prompts * a.samples * a.waves / a.generators
+    g = generator_memory(shape, a.params, a.gpu_gb, a.utilization, not a.direct, rows_at_once,
+                         a.prompt_len + a.completion)
+    staged = (f", its staged copy {g['staged']:.0f} GB in the {g['outside_vllm']:.0f} GB outside vLLM"
+              f" ({'fits' if g['staged'] <= g['outside_vllm'] else 'DOES NOT FIT'})") if g["staged"] else ""
+    print(f"  generator: {g['weights']:.0f} GB of weights{staged}; vLLM's {a.utilization:g} of the GPU leaves at most "
+          f"{g['kv_gb']:.0f} GB of KV cache: {g['sequences']:.0f} sequences of {a.prompt_len + a.completion:,.0f} "
+          f"tokens at once, of the {g['wanted']:.0f} its {a.waves} waves start (the rest wait for room)")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 
 from ablate.compute import ReferenceClock, StepFlops
 from ablate.offpolicy import PipelineRL, PPOOffPolicy
@@ -124,3 +125,62 @@ def test_the_cluster_cost_model_charges_the_weight_sync_to_every_generator_gpu()
     # 8e9 parameters in bf16 = 16 GB; at 20 GB/s a generator GPU receives for 0.8 s a step; 0 GB/s: no sync cost
     bench = _bench_cluster()
     assert bench.sync_seconds(8e9, 20.0) == pytest.approx(0.8) and bench.sync_seconds(8e9, 0.0) == 0.0
+
+
+def _saved_activation_bytes(shape, layers: int, tokens: int) -> int:
+    """What autograd keeps for a forward of an HF Llama of `shape` with `layers` layers, bf16, on `tokens` tokens:
+    the saved tensors' storages (each once; the weights left out)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaModel
+
+    config = LlamaConfig(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                         num_hidden_layers=layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+                         attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = LlamaModel(config).to(torch.bfloat16).train()
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        model(torch.randint(0, shape.vocab, (1, tokens)))
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize("dims", [(64, 224, 4, 1), (96, 256, 6, 2)], ids=["gqa4", "gqa3"])
+def test_the_memory_models_activations_per_layer_are_what_autograd_keeps(dims):
+    """bench/bench_cluster.py's `layer_activation_bytes` (by hand) against autograd's saved tensors in an HF Llama's
+    decoder layer (a 2-layer model's minus a 1-layer one's, per token): equal to the byte."""
+    bench = _bench_cluster()
+    hidden, intermediate, heads, kv_heads = dims
+    shape = bench.Shape(layers=1, hidden=hidden, intermediate=intermediate, heads=heads, kv_heads=kv_heads, vocab=64)
+    tokens = 48
+    layer = _saved_activation_bytes(shape, 2, tokens) - _saved_activation_bytes(shape, 1, tokens)
+    assert layer == bench.layer_activation_bytes(shape) * tokens
+
+
+def test_the_memory_model_adds_up_a_trainer_and_a_generator_gpu_by_hand():
+    # A shape of h 8, I 16, 2 heads, 1 KV head (kv_dim 4), 2 layers, vocab 10: a layer has 2*64 + 2*32 + 3*128 = 576
+    # parameters; per token a layer keeps 2*(64+4) + 16 + 16 + 16 + 8 + 128 = 320 bytes.
+    bench = _bench_cluster()
+    shape = bench.Shape(layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, vocab=10)
+    assert shape.layer_params == 576 and bench.layer_activation_bytes(shape) == 320
+    # 1e9 parameters over 4 ranks: 4 GB of state. 1e6 tokens: 2 layers x 320 B = 0.64 GB without checkpointing;
+    # with it, 2 layers x 16 B (the bf16 inputs) + 320 B (one layer recomputed) = 0.352 GB. Layers and head:
+    # 576 x 8 B + 2 x 1024 x 10 x 4 B = 86,528 B.
+    bare = bench.trainer_memory(shape, 1e9, 4, 1e6, checkpointing=False)
+    assert bare == pytest.approx({"state": 4.0, "activations": 0.64, "layers_and_head": 86_528e-9,
+                                  "total": 4.64 + 86_528e-9})
+    assert bench.trainer_memory(shape, 1e9, 4, 1e6, checkpointing=True)["activations"] == pytest.approx(0.352)
+    # 1e9 parameters in bf16: 2 GB; half of a 10 GB GPU leaves 3 GB of KV cache at 2 x 2 x 4 x 2 = 32 B a token:
+    # 1,000-token sequences, 93,750 of them
+    gen = bench.generator_memory(shape, 1e9, 10.0, 0.5, True, 12, 1000)
+    assert gen == pytest.approx({"weights": 2.0, "staged": 2.0, "kv_gb": 3.0, "sequences": 93_750, "wanted": 12,
+                                 "outside_vllm": 5.0})
+    assert bench.micro_batch_tokens(8, 65536, 16384) == 4 * 16384 and bench.micro_batch_tokens(8, 0, 100) == 800
+    assert bench.micro_batch_tokens(8, 1000, 16384) == 16384  # a row longer than the cap goes alone
