@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -198,6 +199,7 @@ def interrupt(submission: Submission, client, parent: str, wait_s: float = 15.0)
     deadline = time.monotonic() + wait_s
     while not submission.finished() and time.monotonic() < deadline:
         time.sleep(0.2)
+    submission.cancel(signal.SIGKILL)  # what has not ended by now will not end by itself
     for it in submission.todo:
         if client.get_run(it.spec.meta["run_id"]).info.status == "SCHEDULED":
             client.delete_run(it.spec.meta["run_id"])

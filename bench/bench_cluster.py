@@ -216,8 +216,9 @@ def micro_batch_tokens(rows: int, cap: int, row_tokens: float) -> float:
 
 def print_memory(a, shape: Shape) -> None:
     checkpointing = not a.no_checkpointing
-    print(f"\nmemory per GPU ({a.gpu_gb:g} GB; an 8B Llama's decoder layer keeps {layer_activation_bytes(shape) / 1024:,.0f} KiB "
-          "of activations per token):")
+    per_token = layer_activation_bytes(shape) / 1024
+    print(f"\nmemory per GPU ({a.gpu_gb:g} GB; an 8B Llama's decoder layer keeps {per_token:,.0f} KiB of activations "
+          "per token):")
     for label, length in (("mean rows", a.prompt_len + a.completion), ("longest rows", a.max_len)):
         tokens = micro_batch_tokens(a.micro_rows, a.micro_tokens, length)
         m = trainer_memory(shape, a.params, a.trainers, tokens, checkpointing)

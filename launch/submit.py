@@ -151,6 +151,31 @@ class Requeueable:
         return submitit.helpers.DelayedSubmission(self, *args)
 
 
+@contextmanager
+def _ctrl_c_ignored() -> Iterator[None]:
+    """Local workers' controllers (submitit's) are started with SIGINT ignored, which they keep (Python leaves an
+    ignored SIGINT ignored). Ctrl-C in a terminal reaches every process of the sweep; a controller that took it
+    sent its worker SIGINT and, one second later, SIGKILL: a run still closing then stayed RUNNING, its last metrics
+    unwritten. Now the workers get Ctrl-C alone (`run_in_turn` takes it back), or from the sweep
+    (`Submission.cancel`), and end their runs as KILLED in their own time."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes `pid` started (Linux's /proc; none when it has ended)."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 def run_in_turn(fn: Callable, arg_lists: Sequence[tuple]) -> list[Optional[str]]:
     """A local worker: fn(*args) for each item, one after the other in this process; per item None or its traceback.
 
@@ -159,6 +184,7 @@ def run_in_turn(fn: Callable, arg_lists: Sequence[tuple]) -> list[Optional[str]]
     """
     import traceback
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # its controller ignores Ctrl-C; this worker takes it
     errors: list[Optional[str]] = []
     for args in arg_lists:
         try:
@@ -195,7 +221,7 @@ class Submission:
             shares = [todo[i::self.max_parallel] for i in range(min(self.max_parallel, len(todo)))]
             threads = str(max(1, (os.cpu_count() or 1) // len(shares)))  # workers share the cores, not oversubscribe
             with _environ(OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", threads)), \
-                    _output_to(self.folder / "local-controllers.log"):
+                    _output_to(self.folder / "local-controllers.log"), _ctrl_c_ignored():
                 for share in shares:
                     job = self.executor.submit(run_in_turn, self.fn, [it.spec.args for it in share])
                     for index, it in enumerate(share):
@@ -214,10 +240,21 @@ class Submission:
     def finished(self) -> bool:
         return all(job.done() for job in self.jobs())
 
-    def cancel(self) -> None:
+    def cancel(self, signum: int = signal.SIGINT) -> None:
+        """Stop the live jobs: on SLURM scancel; local, `signum` to each worker (its controller ignores Ctrl-C:
+        `_ctrl_c_ignored`), whose run then ends as a Ctrl-C ends it."""
         for job in self.jobs():
-            if not job.done():
+            if job.done():
+                continue
+            if self.cluster != "local":
                 job.cancel()
+                continue
+            process = getattr(job, "_process", None)  # submitit's LocalJob: its controller
+            for pid in _children(process.pid) if process is not None else []:
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:  # ended meanwhile
+                    pass
 
     def error(self, it: Submitted) -> Optional[str]:
         """Why this spec's job failed (the end of its traceback), or None if it did not."""

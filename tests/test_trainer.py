@@ -216,3 +216,33 @@ def test_a_run_whose_setup_fails_ends_failed_not_scheduled(tmp_path, mlflow_uri)
     with pytest.raises(ValueError, match="model.vocab_size=5 is smaller than the tokenizer's"):
         train(cfg, run_id, mlflow_uri)
     assert client.get_run(run_id).info.status == "FAILED"
+
+
+def test_a_second_ctrl_c_while_the_first_unwinds_is_ignored_then_ctrl_c_is_as_before():
+    """`train` takes Ctrl-C once (ablate.trainer._one_ctrl_c): a second SIGINT while the first KeyboardInterrupt
+    unwinds (a sweep passing Ctrl-C on to its workers, which the terminal has already sent them) does not cut the
+    run's close short; once `train` has returned, SIGINT is handled as it was before."""
+    import os
+    import signal
+    import time
+
+    from ablate.trainer import _one_ctrl_c
+
+    closed = []
+
+    @_one_ctrl_c
+    def run() -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the KeyboardInterrupt comes here
+        except KeyboardInterrupt:
+            os.kill(os.getpid(), signal.SIGINT)  # the second, while the run closes
+            time.sleep(0.2)  # (without the guard: a second KeyboardInterrupt here)
+            closed.append("KILLED")
+            raise
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    assert closed == ["KILLED"]
+    assert signal.getsignal(signal.SIGINT) is before
