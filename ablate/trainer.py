@@ -292,7 +292,8 @@ def _one_ctrl_c(fn):
     """Ctrl-C ends a run once: the first raises KeyboardInterrupt (the run closes as KILLED, its metrics written),
     and the ones after it are ignored until `fn` has returned. A sweep passes Ctrl-C on to its workers, which the
     terminal has already sent them, and users press it twice: a second KeyboardInterrupt while the first unwound
-    left the run RUNNING and its last metrics unwritten (seen in a test, twice in ten)."""
+    left the run RUNNING and its last metrics unwritten (tests/test_launch_local.py's slow Ctrl-C test, 2 times in
+    8 with only launch/submit.py's `_ctrl_c_ignored`)."""
 
     def interrupt_once(signum, frame) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)

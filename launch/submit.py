@@ -108,8 +108,8 @@ def _environ(**values: str) -> Iterator[None]:
 @contextmanager
 def _output_to(path: Path) -> Iterator[None]:
     """Processes started inside write their stdout and stderr to `path`, not to this terminal: submitit's local
-    job controllers print a KeyboardInterrupt traceback each when Ctrl-C (or a cancel) reaches them. The jobs
-    themselves write to their own log files, as on SLURM."""
+    job controllers print what they have to say there (a KeyboardInterrupt traceback each, when they still took
+    Ctrl-C: `_ctrl_c_ignored`). The jobs themselves write to their own log files, as on SLURM."""
     path.parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
