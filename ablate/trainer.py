@@ -305,6 +305,8 @@ def _one_ctrl_c(fn):
             previous = signal.signal(signal.SIGINT, interrupt_once)
         except ValueError:  # not the main thread, which alone gets signals
             return fn(*args, **kwargs)
+        if previous is signal.SIG_IGN:  # started with Ctrl-C ignored (a script's `&`): it stays so
+            signal.signal(signal.SIGINT, previous)
         try:
             return fn(*args, **kwargs)
         finally:

@@ -578,8 +578,8 @@ def _signalled(folder, signum: int, *overrides: str):
     (the mlflow_uri fixture), so polling it never races the run's own schema migration."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     proc = subprocess.Popen([sys.executable, "-m", "ablate", "run=fsdp", "model.device=cpu", "generator=mock",
-                             "train.steps=100000", *overrides], cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                             "train.steps=100000", *overrides], cwd=folder, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline, run = time.monotonic() + 120, None
         while run is None:
@@ -706,12 +706,11 @@ def _free_rendezvous_job_id() -> int:
     raise RuntimeError("no free port in 29500..39499")
 
 
-@pytest.mark.slow  # 25 s; on SLURM (CI's too) the default suite runs a real 2-node job (tests/test_slurm.py)
 def test_a_job_of_two_nodes_starts_its_ranks_on_both_and_finishes(tmp_path):
     """What a SLURM job of 2 nodes runs, one task per node (`ablate.job.run_variant` with SLURM's variables; both
     "nodes" on this machine): node 0 starts trainer ranks 0-1 and hosts the rendezvous, node 1 the 2 engine
     processes (ranks 2-3); the run finishes, node 0's task returns the result and node 1's returns without one.
-    Where SLURM cannot run, the only 2-node job (its engines on the second node: also -m slow in test_slurm.py)."""
+    The default suite's 2-node job (25 s); tests/test_slurm.py runs them on a real 2-node cluster with -m slow."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = tracking.client(uri)
     run_id = tracking.create_variant_run(client, tracking.experiment_id(client, "nodes"), "scalerl", {})

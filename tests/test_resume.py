@@ -15,7 +15,8 @@ from conftest import run_cli
 
 # a small validation set (a quarter of the run's time otherwise): these tests look at the steps, not the pass rate
 QUICK = ["task.n_val_prompts=16", "task.val_samples=2", "batch.prompts_per_step=8"]
-RUN = ["-m", "ablate", "train.steps=80", "train.checkpoint_every=20", "train.val_every=5", *QUICK]
+STEPS = 40
+RUN = ["-m", "ablate", f"train.steps={STEPS}", "train.checkpoint_every=10", "train.val_every=5", *QUICK]
 
 
 def _variant_runs(folder):
@@ -51,7 +52,7 @@ def test_a_killed_run_resumes_with_no_lost_or_duplicated_steps(layout, tmp_path,
             if not (tmp_path / "mlflow.db").exists():
                 continue
             client, runs = _variant_runs(tmp_path)
-            if runs and _last_step(client, runs[0].info.run_id) >= 30:  # past its step-20 checkpoint
+            if runs and _last_step(client, runs[0].info.run_id) >= 15:  # past its step-10 checkpoint
                 run_id = runs[0].info.run_id
                 break
         assert run_id is not None, "the run did not get far enough"
@@ -79,12 +80,12 @@ def test_a_killed_run_resumes_with_no_lost_or_duplicated_steps(layout, tmp_path,
         steps = [m.step for m in client.get_metric_history(run_id, key)]
         assert len(steps) == len(set(steps)), f"{key}: a step logged twice"
     compute = sorted(client.get_metric_history(run_id, "compute/gpu_hours"), key=lambda m: m.step)
-    assert [m.step for m in compute] == list(range(0, 81)), "a step is missing"
+    assert [m.step for m in compute] == list(range(0, STEPS + 1)), "a step is missing"
     values = [m.value for m in compute]
     assert all(b >= a for a, b in zip(values, values[1:])), "compute went backwards across the restart"
     val_steps = sorted(m.step for m in client.get_metric_history(run_id, "val/pass_rate"))
-    assert val_steps == list(range(0, 81, 5))
-    assert killed_at < 80
+    assert val_steps == list(range(0, STEPS + 1, 5))
+    assert killed_at < STEPS
     assert not (folder / "checkpoint.pt").exists() and not list(folder.glob("learner-*"))
     assert client.get_run(run_id).data.params["trainer.ranks"] == str(1 + (layout != "one_process"))
 
@@ -105,8 +106,8 @@ def test_a_non_finite_loss_marks_the_run_diverged_and_stops_it_cleanly(tmp_path)
 
 def test_a_preemption_notice_checkpoints_at_the_end_of_the_step_and_the_run_resumes_there(tmp_path, mlflow_uri):
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    command = ["-m", "ablate", "train.steps=80", "train.checkpoint_every=1000", "train.val_every=5",  # no periodic
-               *QUICK]
+    command = ["-m", "ablate", f"train.steps={STEPS}", "train.checkpoint_every=1000",  # no periodic checkpoint
+               "train.val_every=5", *QUICK]
     proc = subprocess.Popen([sys.executable, *command], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
@@ -115,7 +116,7 @@ def test_a_preemption_notice_checkpoints_at_the_end_of_the_step_and_the_run_resu
             time.sleep(1.0)
             if (tmp_path / "mlflow.db").exists():
                 client, runs = _variant_runs(tmp_path)
-                if runs and _last_step(client, runs[0].info.run_id) >= 30:
+                if runs and _last_step(client, runs[0].info.run_id) >= 15:
                     run_id = runs[0].info.run_id
         assert run_id is not None
         proc.send_signal(signal.SIGUSR2)  # SLURM's warning before a time limit or a preemption
@@ -134,7 +135,7 @@ def test_a_preemption_notice_checkpoints_at_the_end_of_the_step_and_the_run_resu
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and int(run.data.tags["ablate.resumed_from"]) == saved_at
     compute = sorted(m.step for m in client.get_metric_history(run_id, "compute/gpu_hours"))
-    assert compute == list(range(0, 81))
+    assert compute == list(range(0, STEPS + 1))
 
 
 def test_a_job_started_again_for_a_finished_run_does_nothing(tmp_path, mlflow_uri):

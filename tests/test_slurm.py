@@ -124,6 +124,8 @@ def _histories(cwd, *keys, experiment="tiny-dryrun") -> dict[str, list[tuple[int
             for key in keys}
 
 
+@pytest.mark.slow  # 70-100 s; the default suite runs a 2-node job with SLURM's variables set by hand (25 s:
+# tests/test_parallel.py), to keep the suite well under 15 minutes
 def test_a_job_of_two_nodes_trains_as_a_job_of_one_and_resumes_when_requeued(slurm, tmp_path):
     """run=fsdp as one SLURM job over two nodes (partition `two`), a trainer rank on each: one task a node, node 0
     hosting the ranks' rendezvous (static, ranks by SLURM_NODEID), the gloo group between the nodes, the checkpoint's
