@@ -301,12 +301,11 @@ def _one_ctrl_c(fn):
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-        try:
-            previous = signal.signal(signal.SIGINT, interrupt_once)
-        except ValueError:  # not the main thread, which alone gets signals
+        # only the main thread gets signals; a process started with Ctrl-C ignored (a script's `&`) keeps it so
+        if threading.current_thread() is not threading.main_thread() or \
+                signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
             return fn(*args, **kwargs)
-        if previous is signal.SIG_IGN:  # started with Ctrl-C ignored (a script's `&`): it stays so
-            signal.signal(signal.SIGINT, previous)
+        previous = signal.signal(signal.SIGINT, interrupt_once)
         try:
             return fn(*args, **kwargs)
         finally:
