@@ -5,7 +5,8 @@ the one piece of `ablate` it uses). mlflow, matplotlib and scipy are imported in
 so `import analysis` stays fast.
 """
 
-from analysis.fit import FitError, SigmoidFit, fit_runs, fit_sigmoid
+from analysis.fit import fit_runs, fit_sigmoid
+from analysis.law import FitError, SigmoidFit
 from analysis.report import Report, make_report
 
 __all__ = ["FitError", "SigmoidFit", "fit_runs", "fit_sigmoid", "make_report", "Report"]

@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fit(args) -> int:
-    from analysis.fit import FitError, SigmoidFit, fit_sigmoid
+    from analysis.fit import fit_sigmoid
+    from analysis.law import FitError, SigmoidFit
 
     try:
         text = sys.stdin.read() if args.path == "-" else open(args.path).read()

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from analysis.fit import C_MIN_FRACTION, CI_LEVEL, FitError, SigmoidFit, fit_sigmoid
+from analysis.fit import fit_sigmoid
+from analysis.law import C_MIN_FRACTION, CI_LEVEL, FitError, SigmoidFit
 
 END_FRACTION = 0.05  # "the end": the points in the last 5% of the run's compute (at least the last point)
 

@@ -25,8 +25,8 @@ from typing import Sequence
 
 import numpy as np
 
-from analysis.fit import FitError, Prepared, SigmoidFit
-from analysis.posterior import FitState, _chi2_cut, deviance_interval, fit_state
+from analysis.law import FitError, Prepared, SigmoidFit
+from analysis.posterior import FitState, chi2_cut, deviance_interval, fit_state
 
 A_POINTS = 241
 COMMON_A_P = 0.5  # a common A is used when its likelihood-ratio test has p >= this
@@ -70,7 +70,7 @@ def fit_common_A(datasets: Sequence[Prepared], states: Sequence[FitState] | None
     k = int(np.argmin(total))
     a_best = float(_parabola_min(a_grid, total, k))
     dev = total - total.min()
-    inside = np.flatnonzero(dev <= _chi2_cut())
+    inside = np.flatnonzero(dev <= chi2_cut())
     ci_A = (float(a_grid[inside[0]]), float(a_grid[inside[-1]]))
     if a_best != a_hat:
         fixed = [fit_state(d, A_fixed=a_best) for d in datasets]
@@ -103,12 +103,12 @@ def _covering(free_cells, fixed_cells):
     lo = np.minimum([free_cells.edges_u[0], free_cells.edges_v[0]], [fixed_cells.edges_u[0], fixed_cells.edges_v[0]])
     hi = np.maximum([free_cells.edges_u[-1], free_cells.edges_v[-1]],
                     [fixed_cells.edges_u[-1], fixed_cells.edges_v[-1]])
-    return free_cells.g._cells(lo, hi)
+    return free_cells.g.cells(lo, hi)
 
 
 def _quad_at(cells, a_grid: np.ndarray, sigma2: float) -> np.ndarray:
     """Deviance (-2 log profile likelihood) per (A, cell): the cell's best plus ((A - R0hat - mean) / sd)^2."""
-    _, quad, _, mean, sd, _ = cells._solve(sigma2)
+    _, quad, _, mean, sd, _ = cells.solve(sigma2)
     gain = a_grid - cells.g.R0
     sd = np.maximum(sd, 1e-300)
     return quad[None] + ((gain[:, None, None] - mean[None]) / sd[None]) ** 2

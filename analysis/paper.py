@@ -13,7 +13,7 @@ import warnings
 
 import numpy as np
 
-from analysis.fit import FitError, SigmoidFit, prepare
+from analysis.law import FitError, SigmoidFit, prepare
 
 A_GRID = np.round(np.arange(0.450, 0.800 + 1e-9, 0.005), 3)
 C_MID_GRID = np.linspace(100.0, 40_000.0, 100)

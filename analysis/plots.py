@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from analysis.fit import SigmoidFit, fmt_compute
+from analysis.law import SigmoidFit, fmt_compute
 from analysis.runs import RunCurve
 
 MARKERS = "osD^v<>ph*"

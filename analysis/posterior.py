@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from analysis import noise as noise_model
-from analysis.fit import B_BOUNDS, C_MID_SPAN, CI_LEVEL, FitError, Prepared, SigmoidFit, sigmoid_law
 from analysis import point
+from analysis.law import B_BOUNDS, C_MID_SPAN, CI_LEVEL, FitError, Prepared, SigmoidFit, sigmoid_law
 
 GRID = 41  # cells per axis of the posterior grid
 N_DRAWS = 1000
@@ -34,7 +34,7 @@ SIGNIFICANT = 8.0  # cells within this many log-units of the best carry mass wor
 
 
 def fit_prepared(data: Prepared, *, A_fixed: float | None = None, rng_seed: int = 0) -> SigmoidFit:
-    """The fit and its intervals for prepared points (analysis.fit.prepare); A_fixed: refit with A held there."""
+    """The fit and its intervals for prepared points (analysis.law.prepare); A_fixed: refit with A held there."""
     return fit_state(data, A_fixed=A_fixed, rng_seed=rng_seed).fit
 
 
@@ -43,7 +43,7 @@ class FitState:
     """A fit with what it was made of: the posterior grid and each parameter's noise variance (for joint fits)."""
 
     fit: SigmoidFit
-    cells: "_Cells"
+    cells: "Cells"
     sigma2: dict[str, float]
     data: Prepared | None = None
 
@@ -74,7 +74,7 @@ def fit_state(data: Prepared, *, A_fixed: float | None = None, rng_seed: int = 0
     # the box starts at the least-squares fit, +-7 sd of the widest likelihood's normal approximation: usually one
     # grid evaluation
     sd = np.sqrt(np.clip(np.diag(effect.naive)[-2:] * widest, 0.0, None))
-    cells = _Grid(log_c, r, R0, tau2, A_fixed, box).explore(float(x[-2]), float(x[-1]), sd[0], sd[1], widest)
+    cells = Grid(log_c, r, R0, tau2, A_fixed, box).explore(float(x[-2]), float(x[-1]), sd[0], sd[1], widest)
     if _start is None:
         # a safety net: the grid sees the whole plausible region; if it holds a clearly better fit than the
         # optimizer's (a local minimum), start again from there
@@ -242,7 +242,7 @@ def _notes(at_bound: dict, ci: dict, C_mid: float, c_max: float, A_fixed, pulled
 # --- the posterior grid ----------------------------------------------------------------------------------------
 
 
-class _Grid:
+class Grid:
     """Evaluates the (log B, log C_mid) posterior with A and R0 integrated out, on boxes chosen by `explore`."""
 
     def __init__(self, log_c, r, R0, tau2, A_fixed, box):
@@ -254,7 +254,7 @@ class _Grid:
         s = _shape_matrix(u, v, self.log_c)
         return s.sum(-1), (s * s).sum(-1), s @ self.y
 
-    def explore(self, u0, v0, sd_u, sd_v, sigma2) -> "_Cells":
+    def explore(self, u0, v0, sd_u, sd_v, sigma2) -> "Cells":
         """Centre a box on the fit (7 sd each way, within the priors' support); grow a side while posterior mass
         reaches it, then shrink to the mass for resolution."""
         lower, upper = self.box
@@ -263,7 +263,7 @@ class _Grid:
         half = np.maximum(half, np.array([0.02, 0.02]))
         lo = np.maximum(np.array([u0, v0]) - half, lower)
         hi = np.minimum(np.array([u0, v0]) + half, upper)
-        cells = self._cells(lo, hi)
+        cells = self.cells(lo, hi)
         for _ in range(6):
             mask = cells.logw(sigma2) > cells.logw(sigma2).max() - SIGNIFICANT
             grow = False
@@ -276,7 +276,7 @@ class _Grid:
                     hi[axis], grow = min(hi[axis] + width, upper[axis]), True
             if not grow:
                 break
-            cells = self._cells(lo, hi)
+            cells = self.cells(lo, hi)
         # zoom: the significant region, one cell of margin, when it covers less than a third of an axis
         mask = cells.logw(sigma2) > cells.logw(sigma2).max() - SIGNIFICANT
         new_lo, new_hi = lo.copy(), hi.copy()
@@ -287,20 +287,20 @@ class _Grid:
                 new_lo[axis] = max(centres[hit[0]] - 1.5 * step, lo[axis])
                 new_hi[axis] = min(centres[hit[-1]] + 1.5 * step, hi[axis])
         if (new_lo != lo).any() or (new_hi != hi).any():
-            cells = self._cells(new_lo, new_hi)
+            cells = self.cells(new_lo, new_hi)
         return cells
 
-    def _cells(self, lo, hi) -> "_Cells":
+    def cells(self, lo, hi) -> "Cells":
         edges_u = np.linspace(lo[0], hi[0], GRID + 1)
         edges_v = np.linspace(lo[1], hi[1], GRID + 1)
         u, v = (edges_u[:-1] + edges_u[1:]) / 2, (edges_v[:-1] + edges_v[1:]) / 2
-        return _Cells(self, u, v, edges_u, edges_v, *self._sums(u, v))
+        return Cells(self, u, v, edges_u, edges_v, *self._sums(u, v))
 
 
-class _Cells:
+class Cells:
     """One grid: per cell (log B, log C_mid), the sums of the linear problem in (R0, A), solved per noise scale."""
 
-    def __init__(self, grid: _Grid, u, v, edges_u, edges_v, s1, s2, sy):
+    def __init__(self, grid: Grid, u, v, edges_u, edges_v, s1, s2, sy):
         self.g, self.u, self.v, self.edges_u, self.edges_v = grid, u, v, edges_u, edges_v
         # sums of the design X = [1 - s, s] against itself and against y
         self.a11 = grid.n - 2 * s1 + s2
@@ -310,7 +310,7 @@ class _Cells:
         self.b2 = sy
         self._cache: dict[float, tuple] = {}
 
-    def _solve(self, sigma2: float):
+    def solve(self, sigma2: float):
         """Per cell, for noise variance sigma2: quad (-2 log profile likelihood, A and R0 at their best, A not
         held in its bounds), logw (log marginal likelihood, A and R0 integrated over their support), the mean and
         sd of the gain g = A - R0hat, and (var d, cov(d, g), var g, mean d) for draws, d = R0 - R0hat."""
@@ -367,7 +367,7 @@ class _Cells:
         return out
 
     def logw(self, sigma2: float) -> np.ndarray:
-        return self._solve(sigma2)[0]
+        return self.solve(sigma2)[0]
 
     def best_start(self, sse: float) -> np.ndarray | None:
         """(A, log B, log C_mid) of the cell with the least squared error (R0 held at its measured value), when
@@ -387,15 +387,15 @@ class _Cells:
         """Likelihood-ratio interval on log B (axis 0) or log C_mid (axis 1): where the profile deviance (the
         other parameters at their best) stays within the chi-square(1) quantile; an end that reaches the priors'
         bound is open (-inf / inf)."""
-        bounded = self._solve(sigma2)[2]
+        bounded = self.solve(sigma2)[2]
         return deviance_interval(self, bounded.min(axis=1 - axis), axis)
 
     def profile_a(self, sigma2: float) -> tuple[float, float]:
         """Likelihood-ratio interval on A. Within a cell the deviance is quad + ((A - mean) / sd)^2, so the set
         where the profile stays under the cut is a union of intervals, one per cell: its hull is returned, held
         to [R0, 1]; reaching 1 means the data do not bound A from above."""
-        _, quad, bounded, mean, sd, _ = self._solve(sigma2)
-        room = _chi2_cut() - (quad - bounded.min())
+        _, quad, bounded, mean, sd, _ = self.solve(sigma2)
+        room = chi2_cut() - (quad - bounded.min())
         keep = room >= 0
         reach = sd[keep] * np.sqrt(room[keep])
         top = 1.0 - self.g.R0
@@ -406,7 +406,7 @@ class _Cells:
     def draws(self, sigma2: float, n: int, rng: np.random.Generator) -> np.ndarray:
         """Posterior samples of (A, B, C_mid, R0): a cell by weight, a uniform point in it, then (R0, A) from
         their conditional normal, A clipped to [R0, 1]."""
-        logw, _, _, mean, _, cov = self._solve(sigma2)
+        logw, _, _, mean, _, cov = self.solve(sigma2)
         w = np.exp(logw - logw.max()).ravel()
         idx = rng.choice(w.size, size=n, p=w / w.sum())
         i, j = np.unravel_index(idx, logw.shape)
@@ -424,7 +424,7 @@ class _Cells:
 
 
 @functools.lru_cache(maxsize=None)
-def _chi2_cut() -> float:
+def chi2_cut() -> float:
     """The chi-square(1) quantile at the interval's level: the likelihood-ratio cut on the deviance."""
     from scipy.special import chdtri
 
@@ -436,7 +436,7 @@ def deviance_interval(cells, profile: np.ndarray, axis: int) -> tuple[float, flo
     within the chi-square(1) quantile, interpolated between cell centres; an end that reaches the priors' bound is
     open (-inf / inf)."""
     dev = profile - profile.min()
-    cut = _chi2_cut()
+    cut = chi2_cut()
     centres = cells.u if axis == 0 else cells.v
     edges = cells.edges_u if axis == 0 else cells.edges_v
     lower, upper = cells.g.box

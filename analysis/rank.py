@@ -45,7 +45,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from analysis.fit import CI_LEVEL, FitError, SigmoidFit, fmt_compute
+from analysis.law import CI_LEVEL, FitError, SigmoidFit, fmt_compute
 
 BASELINE = "scalerl"  # the base recipe the verdicts compare with (the ablate.variant tag of its runs)
 A_TIE = 0.02  # the paper's margin: a move of A below it is labelled small

@@ -28,8 +28,9 @@ from typing import Collection
 import numpy as np
 
 from analysis.extrapolate import Extrapolation, extrapolation_check
-from analysis.fit import FitError, SigmoidFit, fit_sigmoid, prepare
+from analysis.fit import fit_sigmoid
 from analysis.joint import CommonAFit, fit_common_A
+from analysis.law import FitError, SigmoidFit, prepare
 from analysis.plots import plot_linearized, plot_overview, plot_params, plot_variant
 from analysis.posterior import fit_state
 from analysis.rank import A_TIE, BASELINE, CATEGORIES, NOT_TESTABLE, Ranked, Verdict, rank_fits, verdict

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analysis.fit import sigmoid_law
+from analysis.law import sigmoid_law
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import math
 import textwrap
 from pathlib import Path
 
-from analysis.fit import CI_LEVEL, fmt_compute
+from analysis.law import CI_LEVEL, fmt_compute
 from analysis.rank import (A_TIE, BASELINE, BOTH, CATEGORIES, MOVES_A, MOVES_B, MOVES_C, NO_CHANGE,
                            NOT_TESTABLE)
 from analysis.runs import ALL_SWEEPS
