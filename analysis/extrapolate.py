@@ -1,9 +1,8 @@
 """Extrapolation checks: fit on the early part of a run, predict its end; a power law beside the sigmoid.
 
-The paper checks its fits by extrapolation (fit up to 8k GPU-hours, predict 16k) and warns that power laws,
-R(C) = A - D / C^B, fitted to the same data give misleading ceilings. `extrapolation_check` does both on one run
-(or the pooled seeds of one variant): fit on compute <= fraction * the run's final compute, with the same c_min as
-a fit of the whole run, and compare the predictions at the end with what was observed there.
+`extrapolation_check` fits the sigmoid (and a power law, R(C) = A - D / C^B, `fit_power_law`) on compute <=
+fraction x the run's final compute, with the same c_min as a fit of the whole run, and compares the predictions
+over the end with what was observed there. Why: docs/fitting.md#the-extrapolation-check.
 """
 
 from __future__ import annotations

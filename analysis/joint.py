@@ -1,20 +1,10 @@
-"""Several variants refitted with a common A, to compare their B (the paper's method, with honest intervals).
+"""Several curves refitted jointly with one shared A, to compare their B (the paper's common-A refit, with the
+uncertainty of the common A in every B interval).
 
-The paper refits runs whose A are within 0.02 with "the average A" fixed and compares B. Fixing A at a value it
-was not fitted to moves B, and an interval on B that takes that A as exact is too narrow: two curves with the same
-truth can then show B intervals that do not overlap. Here the common A is a shared parameter of a joint fit:
-- the joint profile deviance of A is the sum of each curve's fixed-A profile (computed from the curve's posterior
-  grid: given (B, C_mid) the law is linear in A, so each cell gives its deviance for any A in closed form);
-- the common A is its minimum, the B (and C_mid) reported are each curve's refit with A fixed there;
-- each curve's interval on B is its likelihood-ratio interval in the joint model: the shared A free, so the
-  uncertainty of the common A widens every B;
-- `lr_A`, the deviance that sharing A costs (the joint minimum minus the sum of each curve's own): the
-  likelihood-ratio test of a common A (chi-square with n - 1 degrees of freedom under it). A B at a common A
-  moves with the A it is held at (by about its own interval's width per A interval's width), so a small real
-  difference in A turns into a large one in B: on mock-like sweeps, 1 in 40 "B moved" was such an artefact with
-  the test at the usual 10% level. `a_rejected` therefore asks more of a common A: the data must fit it at
-  least as well as the median equal pair would (p >= 0.5; for two curves, the A estimates within 0.67 standard
-  errors of their difference). Deviation: the paper assumes a common A for A values within 0.02.
+`fit_common_A` makes the common A the minimum of the sum of the curves' fixed-A profile deviances (from each
+curve's posterior grid, analysis/posterior.py), refits each curve with A fixed there, and gives each B and C_mid its
+likelihood-ratio interval in the joint model. `lr_A` is the likelihood-ratio statistic of a common A;
+`a_rejected`: the data do not sit well with one (p < COMMON_A_P). Why: docs/fitting.md#the-joint-refit-with-a-shared-a.
 """
 
 from __future__ import annotations

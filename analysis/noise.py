@@ -1,17 +1,10 @@
-"""The noise of a validation curve, and what it does to the fitted parameters.
+"""The noise of a validation curve, and what it does to the fitted parameters (`estimate`).
 
-Model, within one run (points of different runs are independent):
-    cov(e_i, e_j) = s_w^2 [i == j] + s_a^2 exp(-|C_i - C_j| / ell)
-white noise (the finite validation set) plus a slow wobble shared by nearby points (an Ornstein-Uhlenbeck process
-in compute). Its parameters are estimated from the residuals of the least-squares fit by restricted maximum
-likelihood (REML: the likelihood of the part of the residuals the fit could not absorb), on a grid of
-(ell, rho = s_a^2 / (s_w^2 + s_a^2)) with the scale in closed form. The likelihood of each setting is computed for
-all settings at once by a Kalman filter along the points, which whitens the residuals and the Jacobian together.
-
-One curve pins this model down poorly (a wobble of 1,000 GPU-hours leaves some 15 independent stretches in a 16k
-run), so no single setting is trusted: each setting gives the sandwich variance of the least-squares parameters,
-(J^T J)^-1 J^T Sigma J (J^T J)^-1, and the intervals use their mixture over the settings, weighted by the REML
-likelihood (flat prior on log ell and rho), with Student-t tails for the estimated scale.
+Within one run (runs are independent): cov(e_i, e_j) = s_w^2 [i == j] + s_a^2 exp(-|C_i - C_j| / ell), white
+noise plus a slow wobble. Estimated from the residuals of a least-squares fit by REML on a grid of
+(ell, rho = s_a^2 / (s_w^2 + s_a^2)), every setting's likelihood by one vectorized Kalman filter; each parameter's
+interval variance is the mixture of its sandwich variances over the settings, weighted by their likelihood, with
+Student-t tails. Why: docs/fitting.md#the-noise-model.
 """
 
 from __future__ import annotations

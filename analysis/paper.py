@@ -1,9 +1,9 @@
-"""The paper's own fitting procedure, reproduced to be compared with `fit_sigmoid` on the same curves.
+"""The paper's own fitting procedure (`fit_paper`), reproduced to be compared with `fit_sigmoid` on the same curves.
 
-shared/notes/scalerl-facts.md: a grid over A in {0.450, 0.455, ..., 0.800} and 100 linearly spaced C_mid in
-[100, 40000]; for each pair, B from scipy's curve_fit with its default start (p0 = 1, no bounds); the pair with the
-lowest squared error wins. Points below c_min are left out and R0 is taken as `fit_sigmoid` takes it, so the two
-methods see the same data. No intervals: the paper reports none.
+A grid over A in {0.450, 0.455, ..., 0.800} and 100 linearly spaced C_mid in [100, 40000]; for each pair, B from
+scipy's curve_fit with its default start (p0 = 1, no bounds); the pair with the lowest squared error wins. Points
+below c_min are left out and R0 is taken as `fit_sigmoid` takes it, so both methods see the same data. No
+intervals: the paper reports none. See docs/fitting.md#the-papers-own-fit.
 """
 
 from __future__ import annotations

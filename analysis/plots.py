@@ -137,8 +137,8 @@ def plot_overview(items: Sequence[tuple[str, Sequence[RunCurve], SigmoidFit]], p
 
 def _interval(ax, point: float, lo: float, hi: float, y: float, col, hollow: bool = False) -> None:
     """A point and its interval at height y; an open upper side (inf) is drawn to 3 x the point. Drawn as a segment
-    and a marker, not an error bar: a posterior interval need not hold the best fit (a fit on a curve that falls
-    back was seen with B outside its interval), and matplotlib refuses negative error bars."""
+    and a marker, not an error bar: an interval need not hold the point estimate (docs/fitting.md#the-intervals),
+    and matplotlib refuses negative error bars."""
     hi = hi if math.isfinite(hi) else point * 3
     ax.plot([lo, hi], [y, y], color=col, lw=0.8 if hollow else 1.2)
     ax.plot([lo, lo, math.nan, hi, hi], [y - 0.12, y + 0.12, math.nan, y - 0.12, y + 0.12], color=col, lw=0.8)

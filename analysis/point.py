@@ -1,27 +1,11 @@
-"""The point estimate of Eq. 1: least squares, then generalized least squares with Firth's bias reduction.
-
-Two fits of R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B), in (A, log B, log C_mid), by one small solver (damped
-Gauss-Newton, backtracking, held in the search box):
-- `least_squares`: ordinary least squares, the paper's criterion. The intervals are computed around it
-  (analysis/posterior.py), and its residuals give the noise model (analysis/noise.py).
-- `refine`: the reported estimate. Ordinary least squares weighs every point alike, but a run's points share a
-  slow wobble, and when a curve stops near its midpoint the least-squares A is skewed upwards (raising A costs
-  little, lowering it costs much): its errors have a long upper tail. Three standard remedies:
-  - generalized least squares (GLS): the residuals weighed by the inverse covariance of the most likely noise
-    setting that REML found (white noise plus the wobble, run by run), so points that wobble together are not
-    counted as independent;
-  - Firth's bias reduction (Firth 1993, Biometrika 80:27): the penalized likelihood l(theta) + 1/2 log det I(theta),
-    I = J^T Sigma^-1 J (the Jeffreys prior, in (A, log B, log C_mid)). It removes the first-order bias; in
-    practice it pulls a loosely identified fit towards the region the data do inform;
-  - R0, when measured (the pre-RL points), is what the intervals already take it for: a measurement with an
-    error, here a parameter with a Gaussian prior centred on it (sd: the noise of one point / the number of
-    pre-RL points), not a constant. An error in R0 moves A most where A is loosely pinned.
-  Deviation from the paper (plain least squares on a grid). Measured on held-out-like curves (bench/bench_fit.py):
-  the 95th percentile of |A error| falls by a fifth to a third (0.046 -> 0.036 over 4 x 1,000 curves; 0.048 ->
-  0.032 on the bench's 600), the median does not move; the intervals stay as they were and hold the estimate in
-  all but a few curves in a thousand.
-The wobble is an Ornstein-Uhlenbeck process, so its correlation matrix K has a tridiagonal inverse; with the white
-noise, Sigma^-1 = (s_w^2 K^-1 + s_a^2 I)^-1 K^-1 (`Precision`): applied in O(n) by a banded solve, no n x n matrix.
+"""The point estimate of Eq. 1 in (A, log B, log C_mid), by one small solver (damped Gauss-Newton, backtracking,
+held in the search box):
+- `least_squares`: ordinary least squares, the paper's criterion; the intervals (analysis/posterior.py) are built
+  around it, and its residuals give the noise model (analysis/noise.py);
+- `refine`: the reported estimate: generalized least squares under the most likely noise setting, with Firth's bias
+  reduction, and R0 (when measured) a parameter with a Gaussian prior. Why: docs/fitting.md#the-point-estimate.
+The wobble's correlation matrix has a tridiagonal inverse, so Sigma^-1 is applied in O(n) by a banded solve
+(`Precision`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""The fast fit of Eq. 1 and its intervals: least squares, likelihood-ratio intervals on a grid around it, then the
-reported point estimate (GLS with Firth's bias reduction, analysis/point.py).
+"""The fast fit of Eq. 1 and its 90% intervals (`fit_prepared`, `fit_state`).
 
-Given B and C_mid the law is linear in A (and in R0), so everything about A and R0 is exact Gaussian algebra per
-grid cell of (log B, log C_mid): the best A and R0, the deviance there, and the deviance for any other A (a
-parabola). The profile deviance of B or C_mid is the minimum over the other axis; that of A is the hull of the
-per-cell parabolas under the cut. R0, when measured (the pre-RL points), is a parameter with a Gaussian prior
-(its measurement), so its error widens the intervals too.
-
-The noise scale is set per parameter (analysis/noise.py): sigma_p^2 = the parameter's interval variance under the
-correlated noise model / its variance per unit of white noise. Posterior draws over the same grid (flat priors on
-log B, log C_mid and A in [R0, 1]) give prediction bands (SigmoidFit.predict_interval).
+Least squares started from a coarse grid, with dips pulled in (`_pull_in_outliers`); each parameter's noise
+variance from the noise model (analysis/noise.py); likelihood-ratio intervals and posterior draws on a grid of
+(log B, log C_mid) on which A and R0 are exact Gaussian algebra (`Grid`, `Cells`); then the reported point estimate
+(analysis/point.py). `FitState` keeps the grid for the joint refit (analysis/joint.py). The method and why:
+docs/fitting.md#the-intervals, docs/fitting.md#the-noise-model, docs/fitting.md#dips.
 """
 
 from __future__ import annotations
@@ -180,14 +175,8 @@ def _least_squares(log_c, r, R0, box, A_fixed, start=None):
 def _pull_in_outliers(log_c, r, R0, box, A_fixed, start) -> tuple[np.ndarray, int, tuple]:
     """Huber's pseudo-observations: a point further than OUTLIER_SD robust sd from the least-squares curve is moved
     to that distance from it, and the fit is made again, until the pulled points settle (at most OUTLIER_ROUNDS).
-
-    RL validation curves dip now and then (a bad stretch of updates the run recovers from: seen on the embedded
-    study, one point 0.1 below its neighbours where the noise is 0.01). Least squares and a Gaussian noise model
-    give such a point the weight of ten ordinary ones: it moves A, and the noise model, reading it as noise, opens
-    every interval. Pulled in, it still counts, as a 3-sd point does. The robust sd is the residuals' median
-    absolute deviation x 1.4826 (the sd for Gaussian noise), floored at OUTLIER_FLOOR (a pass rate's resolution: a
-    near-noiseless curve has nothing to pull in). Gaussian noise has 0.27% of its points beyond 3 sd: a clean curve
-    is fitted as before. Returns the points to fit, how many were pulled in, and their least-squares fit."""
+    The robust sd is the residuals' median absolute deviation x 1.4826, floored at OUTLIER_FLOOR. Why:
+    docs/fitting.md#dips. Returns the points to fit, how many were pulled in, and their least-squares fit."""
     fit = _least_squares(log_c, r, R0, box, A_fixed, start=start)
     if r.size < OUTLIER_MIN_POINTS:
         return r, 0, fit

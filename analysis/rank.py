@@ -1,40 +1,11 @@
-"""Rank variants as the paper does, with the rule made explicit, and give each a verdict against the base recipe,
-with the resolution it had.
+"""Rank variants and give each a verdict against the base recipe, with the resolution it had.
 
-The paper treats A values within 0.02 as equal (three independent runs gave A within +-0.015), refits such runs
-with a common A and compares B. Here, from the fits' 90% intervals (deviation: the intervals, not the 0.02 margin,
-decide; a difference below 0.02 that the intervals resolve is reported, labelled small):
-- Tie on A: two fits whose A intervals overlap (the data cannot tell their ceilings apart). Overlap is not
-  transitive, so groups are anchored: the highest A not yet ranked is the anchor, its group is every unranked fit
-  tied with it; repeat with the rest.
-- In a group of two or more, the members are refitted with a common A (a joint fit in which A is one shared
-  parameter, analysis/joint.py: their B intervals then include the uncertainty of that A) and ranked by their B at
-  it, highest first; unless the data do not sit well with one common A (its likelihood-ratio test has p < 0.5,
-  joint.CommonAFit.a_rejected): a B at a common A would then carry the difference in A, so their own B are
-  compared. Members whose B intervals
-  overlap the best remaining one's are tied on B: they share a rank. Without the data (fits alone) the fitted B
-  and their intervals are compared.
-- Failed fits rank last, unnumbered.
-
-Verdict of a variant against the base recipe (the scalerl run), one of: moves A, moves B, moves A and B, no
-detectable change.
-- A moved: the two A intervals do not overlap, whatever the size. Below the paper's 0.02 it is "small": the
-  intervals hold the noise of these curves, not the spread between runs of one recipe (seeds tell that).
-- B moved: the compared B intervals do not overlap. Which B are compared: where A moved, each run's own fit (a B
-  at a common A would turn the difference in A into one in B: issue 13's loo-npr); where A is indistinguishable,
-  the two refitted with a common A (the paper's method), unless its likelihood-ratio test has p < 0.5 (own fits
-  again: within overlapping intervals, a real difference in A of a few thousandths still moves B at a common A by
-  more than B's own interval).
-- C_mid moved (deviation: the paper compares A and B only): where neither A nor B moved, the compute each run
-  needs to reach a reward both reached, R* = R0 + 0.7 x the smaller of their fitted gains at their last point
-  (`compute_to_reach`): their 90% intervals do not overlap. At a common A and B, the ratio of these computes is the
-  ratio of the C_mid (for any R*), so this is the paper's third parameter, measured where the data are (C_mid
-  itself sits at half of a gain A - R0 whose top is open while a curve still rises; C* sits inside both curves).
-  It is what a variant that spends more compute for the same learning shows (loo-batch at the embedded scale
-  trains the zero-variance rows at 6N FLOPs a token: same curve in steps, stretched in compute).
-- Resolution (the comparison's power): the smallest |dA| and |dB| that this comparison detects 9 times in 10, from
-  the same intervals (`resolution`), and the smallest compute ratio (Efficiency.resolution); "no detectable change"
-  holds at that resolution only.
+- `rank_fits`: fits whose A intervals overlap are tied on A, grouped from the highest A down; a group is ranked by
+  B at a common A (the joint refit, passed in as `common`), or by its own B when the data reject one; failed fits
+  rank last.
+- `verdict`: moves A, moves B, moves A and B, moves C_mid (the compute to reach a reward both reach: `efficiency`),
+  or no detectable change; `resolution`: the smallest change the comparison detects 9 times in 10.
+The rules, and where they depart from the paper: docs/fitting.md#ranking, docs/fitting.md#the-verdicts.
 """
 
 from __future__ import annotations
@@ -264,9 +235,8 @@ def middle_reward(fit: SigmoidFit) -> float:
 
 def efficiency(fit: SigmoidFit, base: SigmoidFit) -> Efficiency | None:
     """The two runs' compute to reach R*, the smaller of the two fits' rewards at the middle of their fitted compute
-    (log scale): the run with that reward reaches R* mid-data, the other earlier, so both C* are measured inside
-    the curves, not at an edge (a fixed share of the gain, 0.7, fell on the first fitted point of a curve that
-    rises fast). None without posterior draws, a fitted window, or a gain (a curve that never rose)."""
+    (log scale), so that both C* are measured inside the curves (docs/fitting.md#the-compute-to-reach-a-reward).
+    None without posterior draws, a fitted window, or a gain (a curve that never rose)."""
     if fit.draws is None or base.draws is None or not len(fit.draws) or not len(base.draws):
         return None
     if not all(0 < f.c_min < f.c_max < math.inf for f in (fit, base)):

@@ -1,18 +1,10 @@
 """MLflow runs -> sigmoid fits per variant -> ranking and verdicts -> fits.csv, variants.csv, report.md, report.html,
 PNG plots -> back to MLflow (attached to the sweep's parent run).
 
-`make_report` is the whole pipeline; `python -m analysis report` is a thin shell around it (analysis/__main__.py);
-the words and tables are analysis/text.py. What one report compares (issue 13):
-- one sweep: the experiment's latest, unless `sweep` names one (ALL_SWEEPS: every sweep) or `run_ids` select runs;
-- one setup: runs of different models, tasks or generators (their params) are refused, naming the difference;
-- complete runs: a run that is not FINISHED, or FINISHED short of its train.steps, is named in the headline and
-  shown with its fit, but has no rank and no verdict; a variant's seeds that did complete are pooled without it.
-A variant whose axis the sweep tagged untestable at its scale (ablate.untestable: e.g. the fp32 head of a model
-that computes in fp32 anyway) is ranked with its fit but gets "not testable at this scale" and the reason, not a
-verdict.
-Runs that are seeds of one variant are fitted together (analysis.runs.group_seeds): one row per variant. Mock runs
-(generator=mock) carry their truth (analysis/truth.py): the report shows it beside each fit and checks each
-verdict against it.
+`make_report` is the whole pipeline (`python -m analysis report` is a thin shell around it; the words and tables
+are analysis/text.py). One report compares one sweep, runs of one setup (model, task, generator), and gives
+verdicts to complete, testable runs only; the seeds of a variant are fitted together; mock runs are checked against
+their truth (analysis/truth.py). Reading a report: docs/analysis.md; the method: docs/fitting.md.
 """
 
 from __future__ import annotations
@@ -406,9 +398,9 @@ def _csv_num(x) -> str:
 
 
 def _write_run_csv(rows: list[ReportRow], path: Path) -> Path:
-    """fits.csv (DESIGN.md): one row per run, the eleven documented columns, then its run id and its variant's rank
-    and verdict. A variant with one run has its row as in variants.csv; each seed of a pooled variant is fitted alone
-    here (its pooled fit is in variants.csv)."""
+    """fits.csv: one row per run, the eleven columns of CSV_COLUMNS (docs/analysis.md), then its run id and its
+    variant's rank and verdict. A variant with one run has its row as in variants.csv; each seed of a pooled variant
+    is fitted alone here (its pooled fit is in variants.csv)."""
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(CSV_COLUMNS + ["run_id", "variant_rank", "verdict"])

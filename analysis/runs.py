@@ -1,6 +1,6 @@
 """Load the variant runs of a study from MLflow as plain curves: (step, compute, pass rate) per run.
 
-The contract (written by `ablate`; DESIGN.md): one experiment per study; a sweep parent run tagged
+The contract (written by `ablate`, ablate/tracking.py): one experiment per study; a sweep parent run tagged
 ablate.role=sweep; variant runs tagged ablate.role=variant, ablate.sweep, ablate.variant, ablate.axis,
 ablate.choice, ablate.signature, with mlflow.parentRunId set when launched by a sweep. Metrics at integer
 step = optimizer step: `val/pass_rate` (step 0 = the pre-RL pass rate) and `compute/gpu_hours` (cumulative).

@@ -1,13 +1,9 @@
 """Synthetic validation curves with a known truth, for the benchmark (bench/bench_fit.py) and the tests.
 
-A curve follows Eq. 1 (R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)) plus the two kinds of noise a real run shows:
-- a slow run-level wobble: an AR(1) process in compute (sd `wobble_sd`, correlation length `wobble_gpu_hours`)
-  added to the pass rate, as the mock generator does (conf/generator/mock.yaml: sd 0.004 over 1,000 GPU-hours);
-- binomial noise of `n_prompts` x `samples` validation answers per point (the paper's 1,000 prompts x mean@16).
-The point at compute 0 (the pre-RL pass rate) has the binomial noise only.
-
-Two sets: `benchmark_curves` (issue 4: runs that pass their midpoint, the mock's noise) and `heldout_like_curves`
-(issue 13: as hard as a held-out set of 120 real-like curves, below).
+A curve follows Eq. 1 plus a slow run-level wobble (an AR(1) process in compute, `wobble`) and the binomial noise
+of `n_prompts` x `samples` validation answers per point; the point at compute 0 has the binomial noise only. Two
+sets: `benchmark_curves` (runs that pass their midpoint, the mock's noise) and `heldout_like_curves` (runs that stop
+near their midpoint, with more noise). What each set draws: docs/fitting.md#synthetic-curves.
 """
 
 from __future__ import annotations
@@ -74,7 +70,7 @@ def make_curve(
 
 
 def draw_truth(rng: np.random.Generator) -> Truth:
-    """The benchmark's range (issue 4): A in 0.5-0.75, B in 1-3, C_mid in 1.5k-9k GPU-hours, R0 in 0.25-0.40."""
+    """The benchmark's range: A in 0.5-0.75, B in 1-3, C_mid in 1.5k-9k GPU-hours, R0 in 0.25-0.40."""
     return Truth(
         A=float(rng.uniform(0.5, 0.75)),
         B=float(rng.uniform(1.0, 3.0)),
@@ -94,7 +90,7 @@ def benchmark_curves(n: int, seed: int = 0) -> list[Curve]:
     return curves
 
 
-# --- the held-out-like set (issue 13) ---------------------------------------------------------------------------
+# --- the held-out-like set --------------------------------------------------------------------------------------------
 
 HELDOUT_C_MAX = 16_000.0  # a LOO run's budget, GPU-hours
 R0_EXTRA_SD = 0.005  # the pre-RL point's own error, beyond the binomial noise

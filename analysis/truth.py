@@ -1,24 +1,9 @@
 """The known truth of mock runs (generator=mock), and what it says a verdict should be at a sweep's resolution.
 
-The mock logs its truth as params (ablate/generators/mock.py, MockGenerator.describe): `mock.truth.A`, `.B`,
-`.C_mid`, `.R0` (the variant's law: the base truth plus the effects of its axis choices, conf/generator/mock.yaml)
-and `mock.run.A` (this run's A: the variant's plus a run-to-run draw, sd generator.run_sd_A). A run's curve
-follows (mock.run.A, mock.truth.B, mock.truth.C_mid, mock.truth.R0); the seeds of a variant pooled follow, in the
-mean, the mean of their run A.
-
-What "right" means for a verdict, given the truth and the resolution the verdict reports (rank.resolution):
-- a claim is right in direction: "A moved" (moves A, moves A and B) only where the truth's A differs from the
-  base's in the same direction; "B moved" only where the truth's B differs (an axis without a B effect has
-  exactly the base's B), in the same direction;
-- a change at or above the resolution is found: |dA true| >= the A resolution needs "A moved", and likewise B;
-- below the resolution, either verdict is right (the comparison was not sharp enough to promise either);
-- "C_mid moved" (the compute to reach the verdict's R*, rank.efficiency) is judged on the truth's own compute to
-  reach R*, the law solved for C: claimed, it must point the truth's way (and the truth must differ at all); a
-  true change at or above its resolution must be found, unless the verdict already claims A or B (a move of A or
-  B moves C* too: the verdict names the parameter, and C_mid is looked at only when A and B did not move).
-A is the runs' (mock.run.A): the curves follow it, and the report compares these runs, not the recipes in the
-limit of many seeds (with one seed, the run-to-run spread of A is not in the intervals: a "small" move of A may be
-that spread). B has no run-to-run spread in the mock.
+`run_truth`: the law the pooled seeds of a variant follow, from the params the mock logs (`mock.truth.A`, `.B`,
+`.C_mid`, `.R0`, and `mock.run.A`, this run's A; ablate/generators/mock.py). `expected`: per parameter, "moved" (at
+or above the verdict's resolution: must be found), "unmoved" (must not be claimed) or "either" (below it);
+`Expected.judge` says why a verdict is wrong, or "". The rules: docs/fitting.md#the-mocks-truth.
 """
 
 from __future__ import annotations
