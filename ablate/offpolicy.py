@@ -1,5 +1,5 @@
 """Off-policy modes: when a generator may start a batch's prompts, and which weights it may load. k counts optimizer
-steps (DESIGN.md, Semantics pinned).
+steps (docs/design.md#semantics-pinned; versions and staleness: docs/design.md#versions-and-staleness).
 
 Versions: version v is the policy after v optimizer steps; optimizer step s trains on batch s with policy s - 1.
 The one rule both modes share: a prompt of batch s is started only by weights of version >= oldest_version(s - 1),

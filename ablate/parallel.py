@@ -1,35 +1,11 @@
 """How the learner spreads over trainer processes: which rows of a step each trains, and how the weights are held.
 
-The learner's maths is the whole batch's at any world size. Every rank holds the step's rollouts and computes the
-advantages and the aggregation's token weights W on the WHOLE batch (batch-std normalization, prompt_mean and
-token_mean are not rank-local averages); each rank then trains its share of the rows, contributing
-sum_{its rows} l * W, and the gradients are SUMMED across ranks (not averaged), so that the ranks' contributions
-add up to the whole batch's loss sum_{all rows} l * W and its gradient. A world of 1 trains every row: the same step.
-
-- OneProcess: the default; no torch.distributed.
-- FSDP: torch's FSDP2 (`fully_shard` on a 1-D DeviceMesh over the trainer ranks' group), one shard group per
-  decoder layer plus the root (embeddings, final norm, LM head), with a MixedPrecisionPolicy: fp32 master weights
-  (and AdamW state, and gradient reduction), the decoder layers gathered in the model's compute dtype. The root is
-  gathered in fp32: the LM head's dtype is the precision option's (ablate/rl/precision.py casts it), as in one
-  process.
-
-Both answer the same questions (the Learner's: wrap, share, passes, total, sync_gradients; the checkpoint's:
-save, load, prune; the generator's: stream, gathered, wrapped as `Weights`), so none of them asks which one it
-has.
-
-Processes: `launch` starts one process per trainer rank and one per generator engine (run.generator_gpus), on
-this machine or on each node of the job (torch's elastic launcher, what torchrun runs). Rank 0 leads: it runs the
-trainer loop as one process would (generator, tracking, validation, checkpoints), and before each call that needs
-every trainer rank (a learner step, gathering the weights for the generator, saving or loading the learner's
-shards) it broadcasts the call to the other trainer ranks, which follow (`follow`): they hold their shards and
-train their rows, nothing else. The engine processes answer rank 0's generator (ablate/generators/remote.py);
-with them rank 0 keeps no whole copy of the policy: each step's weights are streamed from the shards to them.
-
-Checkpoints: one process puts the weights and AdamW's state into the checkpoint's payload, as torch state dicts.
-FSDP writes them with torch.distributed.checkpoint (DCP), each rank its own shards, into a folder named by the step
-beside the payload (`learner-<step>`); the payload names that folder, so a payload and its shards always match
-(the folder is complete before it gets its name, and the older folders go only once the payload naming the new one
-is in place).
+`OneProcess` (the default: no torch.distributed) and `FSDP` (FSDP2 per decoder layer, fp32 masters, the gradients
+summed across ranks so that the step is the whole batch's) answer the same questions, so no caller asks which it
+has. Also here: starting the processes (`launch`: trainer ranks and engine processes, on this machine or on each node
+of the job), rank 0 leading and the others following (`follow`), the groups to the engine processes
+(`connect_engines`), the learner's sharded checkpoints (DCP) and SLURM's warning in the ranks. Why, and the rules for
+checkpoints and signals: docs/design.md#trainer-ranks.
 """
 
 from __future__ import annotations

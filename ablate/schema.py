@@ -6,7 +6,7 @@ unknown option (``loss=nope``) fails with the list of options Hydra finds in the
 
 Each axis option carries ``name`` (its YAML file's name: tags, LOO derivation and the mock's effects use it) and
 ``_target_`` (the function or class the trainer calls). The schema's defaults are the paper's values
-(shared/notes/scalerl-facts.md); the embedded ``experiment=tiny`` shrinks them for a laptop.
+(docs/design.md#what-the-paper-says); the embedded ``experiment=tiny`` shrinks them for a laptop.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class LengthPenalty(LengthControl):
 
 @dataclass
 class OffPolicy(Option):
-    k: int = 8  # in optimizer steps (DESIGN.md, Semantics pinned)
+    k: int = 8  # in optimizer steps (docs/design.md#semantics-pinned)
     in_flight: bool = True  # weights reach the generator mid-generation (PipelineRL) or only between batches
 
 

@@ -1,34 +1,8 @@
 """A cost model for the paper's LOO at its scale (no machine here has 80 GPUs): per variant, the step time, the
-generator and trainer idle, and the GPU-hours of `experiment=paper_8b` on 64 generator + 16 trainer GPUs, and for
-the whole sweep; beside the paper's 16,000 GPU-hours per LOO variant.
-
-The schedule is the one every run's compute already counts by (ablate/compute.py, ReferenceClock): the off-policy
-rule decides which batches start on the same weights; a round decodes side by side on the generator GPUs, the
-trainer trains each step once its round has ended, every GPU counts for the whole time. Here the clock's unit of
-work is one GPU-second: a step's generation is its generated tokens over one generator GPU's tokens/s, its
-training the trained tokens over one trainer GPU's tokens/s.
-
-The throughputs are inputs (measure them on one GPU, or give them); the defaults are this project's measurements
-on an H100 (shared/notes/gpu-facts.md), scaled from the 0.89B model they were taken on to N parameters by FLOPs:
-- trainer: FSDP2 with fp32 master weights and bf16 compute, 32% MFU (1 rank, 64 x 1,152 tokens a step): 6N FLOPs
-  per trained token;
-- generator: raw vLLM, compiled, 512 rows x 512 new tokens: 26,000 tokens/s = 5.8% MFU at 2N per token. Decoding
-  12k-token sequences reads a far larger KV cache per token than 512-token ones, so this is an upper bound; the
-  table also prints the generator throughput the paper's 16,000 GPU-hours imply.
-Lengths are inputs too (the paper gives only the budgets, 2,048 + 12,288 + 2,048); zero-variance filtering keeps
-`--kept` of the rows (ScaleRL's loss trains only those; loo-batch trains every row).
-Weight sync: after every step the weights (bf16, 2N bytes) are broadcast from trainer rank 0 to every generator
-GPU, which does not decode while it receives (ablate/generators/remote.py); at `--sync-gb-per-s` (an assumption:
-NCCL's broadcast over the nodes' network, not measured here) each generator GPU loses 2N / that seconds a step,
-counted as generation work.
-
-Memory per GPU (does the layout fit?): a trainer rank holds its shard of the fp32 master weights, AdamW's moments
-and the fp32 gradients (16 bytes a parameter over the ranks), one or two all-gathered decoder layers, one chunk of
-fp32 logits (ablate/rl/precision.py) and a micro-batch's activations: what autograd keeps per token per decoder layer
-(`layer_activation_bytes`, by hand; tests/test_compute.py measures it on an HF Llama), or with
-train.activation_checkpointing each layer's input and one layer's whole set during its recomputation. A generator
-GPU holds the bf16 weights, the staged copy beside vLLM (generator.weight_transfer=staged) and, in vLLM's share of
-the GPU (generator.gpu_memory_utilization), the KV cache its rows need: `generator.max_waves` batches' rows at once.
+generator and trainer idle, the GPU-hours and the memory per GPU of `experiment=paper_8b` on 64 generator + 16
+trainer GPUs, and for the whole sweep; beside the paper's 16,000 GPU-hours per LOO variant. A prediction, not a
+measurement: its schedule is the reference clock's (ablate/compute.py), its throughputs and lengths are inputs, and
+its defaults are anchors measured on an H100 with plain transformers and raw vLLM (docs/design.md#the-cost-model).
 
     python bench/bench_cluster.py                       # paper_8b, H100 defaults
     python bench/bench_cluster.py --gen-tokens-per-s 400 --completion 9000 --kept 0.4
@@ -46,9 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ablate.compute import ReferenceClock, StepFlops  # noqa: E402
 from ablate.offpolicy import PipelineRL, PPOOffPolicy  # noqa: E402
 
-PAPER_GPU_HOURS = 16_000.0  # per LOO variant (shared/notes/scalerl-facts.md)
-H100_PEAK_TFLOPS = 798.0  # dense bf16, measured (gpu-facts.md)
-ANCHOR = {"params": 0.89e9, "gen_tokens_per_s": 26_000.0, "train_mfu": 0.32}  # gpu-facts.md, on the H100
+PAPER_GPU_HOURS = 16_000.0  # per LOO variant (docs/design.md#what-the-paper-says)
+# measured on a lent H100, 2026-11-22/23 (docs/design.md#the-cost-model): the dense bf16 matmul peak (8192^3); raw
+# vLLM's tokens/s and FSDP2's MFU in plain transformers, on a 0.89B random Llama
+H100_PEAK_TFLOPS = 798.0
+ANCHOR = {"params": 0.89e9, "gen_tokens_per_s": 26_000.0, "train_mfu": 0.32}
 
 
 @dataclass(frozen=True)

@@ -1,32 +1,14 @@
-"""The sigmoid fitter against the paper's procedure, on synthetic curves with a known truth (issues 4 and 13).
+"""The sigmoid fitter against the paper's procedure, on synthetic curves with a known truth (analysis/synthetic.py).
 
-Curves (analysis/synthetic.py), `--set`:
-- heldout (default): as hard as the held-out set of issue 13 (120 real-like curves with known truth, kept outside
-  the repo), made so in the three ways real runs are hard: runs that stop near their midpoint (C_mid 1.5k-12k
-  GPU-hours, runs end at 16k, B down to 1), a correlated wobble (sd up to 0.0065 over 300-3,000 GPU-hours), noisy
-  early points (extra noise up to sd 0.02 at C = 0 fading over 500-2,000 GPU-hours; the pre-RL point off by sd
-  0.005). A in 0.45-0.80 (the paper's grid), B in 1-3, R0 in 0.20-0.40, a point every 100-400 GPU-hours.
-  Calibration: the fitter as it was before the GLS/Firth point estimate (commit 48a1236) has, on the held-out
-  set, |A error| median 0.0043 and 95th percentile 0.0443, and the paper's procedure 0.0395. On 4 x 1,000
-  curves of this set (seeds 0-3) that fitter gives median 0.0047-0.0054 and 95th percentile 0.043-0.048 (mean
-  0.046); the paper's procedure a lower 95th percentile than it, as on the held-out set: at least as hard.
-- benchmark: issue 4's set (runs that pass their midpoint: C_mid 1.5k-9k, A 0.5-0.75; the mock's noise).
-
-Measured in one process:
-- fit_sigmoid on every curve, the paper's procedure (fit_paper: grid over A and C_mid, B by curve_fit) on the
-  first --paper-curves of them: median and 95th-percentile absolute errors of A, B, C_mid; failures; time per
-  curve; the coverage of fit_sigmoid's 90% intervals (per parameter);
-- the extrapolation check: fit on compute <= 8k, predict the end of the run (mean over its last 5%), against the
-  observation there and against the truth; a power law fitted to the same points, for contrast;
-- curves cut before their midpoint (at 0.8 C_mid): coverage and width of the A interval.
-BLAS runs on one thread (OPENBLAS_NUM_THREADS=1 unless set): on 2 busy cores OpenBLAS's threads fight over the
-small matrices of a fit and make every method several times slower, by chance.
+Prints, for fit_sigmoid on every curve and the paper's procedure on the first --paper-curves: the median and
+95th-percentile absolute errors of A, B and C_mid, failures, time per curve, the coverage of the 90% intervals; the
+extrapolation check (fit on compute <= 8k, predict the end; a power law for contrast); curves cut before their
+midpoint. The curve sets (`--set heldout | benchmark`), their calibration and the targets:
+docs/testing.md#the-fitter-benchmark.
 
     python bench/bench_fit.py                              # 600 held-out-like curves, the paper's procedure on 120
     python bench/bench_fit.py --set benchmark --curves 200 --paper-curves 60
     python bench/bench_fit.py --dips 2 [--outlier-sd inf]   # 2 dips a curve, with [without] the pulling-in
-Targets: A error 95th percentile <= 0.035 and <= the paper's on the same curves, median no worse than the paper's;
-coverage 85-95%; >= 100x faster than the paper's procedure; no failure.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
-"""One-device speed of the trainer's parts on a ~1B random Llama (model=llama_1b: 16 x 2048, the shape of
-shared/notes/gpu-facts.md), under experiment=paper_8b's optimizer and precision (fp32 master weights, bf16 compute,
-fp32 head, AdamW at lr 5e-7):
+"""One-device speed of the trainer's parts on a ~1B random Llama (model=llama_1b: 16 x 2048), under
+experiment=paper_8b's optimizer and precision (fp32 master weights, bf16 compute, fp32 head, AdamW at lr 5e-7):
 
-- learner: seconds per step, MFU, peak memory and the share of weights one step changes, for row micro-batches and
-  token-budget micro-batches (both grouped by length and cut to their longest row), with and without activation
-  checkpointing. MFU = 6 x parameters x tokens (prompt + completion, no padding) per second / the device's peak
-  (--peak-tflops; default 989, an H100's dense bf16; on a CPU a measured bf16 matmul).
-- generators: tokens per second of the hf engine and of vLLM (when installed) decoding R rows x N new tokens from
-  128-token prompts (random weights, no stop token: every row runs to N); vLLM's weight sync (the whole model).
-- whole run: experiment=paper_8b model=llama_1b on the synthetic task with short completions: seconds per step,
-  generator idle and trainer wait fractions.
+- learner: seconds per step, MFU (6 x parameters x tokens per second / --peak-tflops; default an H100's 989, on a CPU
+  a measured matmul), peak memory and the share of weights one step changes, for row and token-budget micro-batches,
+  with and without activation checkpointing (its rollouts: random tokens, rewards 0 and 1 in turn, spread lengths);
+- generators: tokens per second of the hf engine and of vLLM (when installed), R rows x N new tokens; vLLM's sync;
+- whole run: experiment=paper_8b model=llama_1b on the synthetic task: seconds per step, idle and wait fractions.
 
     python bench/bench_gpu.py                    # on a GPU (vLLM's part needs the vllm extra)
     python bench/bench_gpu.py --small            # on a CPU: a 4-layer model and small shapes, to check it works
-
-The rollouts of the learner part are random tokens, rewards 0 and 1 in turn (every prompt has reward variance), and
-completion lengths spread over [length/4, length] (prompts of 16 samples), so that micro-batches have padding to
-save.
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """The TRL half of the trainer-throughput benchmark: TRL's GRPOTrainer on ablate's tiny model, tokens/s on CPU.
 
-`trl_grpo_throughput(...)` builds the tokenizer and the tiny random Llama exactly as ablate does
-(`build_tokenizer()`, `build_policy(model_cfg, seed)`), runs `trl.GRPOTrainer` for `steps` optimizer steps on an
-in-memory `datasets.Dataset` with an exact-match reward, and returns completion tokens generated per wall-clock second.
-
-Needs the `bench` extra (trl and its datasets/accelerate); torch and transformers stay as ablate pins them.
+`trl_grpo_throughput(...)` builds the tokenizer and the tiny random Llama exactly as ablate does, runs
+`trl.GRPOTrainer` for `steps` optimizer steps on an in-memory `datasets.Dataset` with an exact-match reward, and
+returns completion tokens generated per wall-clock second. Needs the `bench` extra (trl, datasets). How its GRPO step
+is configured, and how that differs from a plain on-policy GRPO step: docs/testing.md#the-trainer-throughput-comparison.
 
     python bench/trl_grpo.py        # 8 prompts x 8 samples, 24 completion tokens, 5 steps, 1 thread
-
-The GRPO step configured here, and how it differs from a plain on-policy GRPO step:
-  - one generation batch of prompts_per_step x samples_per_prompt completions per optimizer step
-    (per_device_train_batch_size = that batch, gradient_accumulation_steps = steps_per_generation =
-    num_iterations = 1): the loss is one forward+backward over the whole batch, no micro-batching.
-  - with that alignment TRL computes no old log-probs (no extra forward pass: the ratio is taken against the
-    detached log-probs of the same forward), and with beta=0 it builds no reference model.
-  - generation is `model.generate` of transformers (KV cache, sampling at temperature 1, top_p 1, top_k off),
-    stopping at the tokenizer's eos and padding with its pad token; the loss forward also computes the per-token
-    entropy (for its logs) from the same logits.
-  - TRL's defaults that would slow it down for reasons unrelated to the algorithm are switched off: gradient
-    checkpointing (TRL's default is on), bf16 autocast (TRL's default is on), checkpoint saving, reporting.
-  - its loss is TRL's default, `loss_type="dapo"` (token-level, normalised by the tokens in the batch), clipped
-    ratio with epsilon 0.2, advantages scaled by the group std (`scale_rewards="group"`), AdamW with grad-norm
-    clipping at 1.0, a constant learning rate.
 """
 
 from __future__ import annotations

@@ -1,29 +1,11 @@
-"""The mock LOO with three seeds, reported, and every verdict checked against the mock's known truth (issue 13).
+"""The mock LOO with three seeds, reported, and every verdict checked against the mock's known truth.
 
 `python -m ablate sweep=loo generator=mock` for seeds 0, 1 and 2 (three sweeps side by side, one thread each, into
 one database; 20 steps, validation every step: 21 points to ~16-21k simulated GPU-hours), each sweep reported alone,
-and the three pooled (the seeds of a variant fitted together, `--sweep all`).
-
-What "right" means. The yardstick is the resolution each verdict reports (the smallest |dA|, |dB| its comparison
-finds 9 times in 10), and the truth is derived here, independently of the report's own truth column:
-- A: the curves follow each run's own A, `mock.run.A` (the variant's A plus a run-to-run draw); a variant's true dA
-  is its runs' mean minus scalerl's runs' mean. B: conf/generator/mock.yaml's truth.B plus the effect of the one
-  axis choice the variant makes (its ablate.axis / ablate.choice tags, looked up in the yaml's effects).
-- A claim must point the truth's way: "A moved" needs dA true of the same sign; "B moved" needs a B effect in the
-  truth, of the same sign (loo-plan, loo-fp32 and loo-npr have none: any "B moved" for them is wrong).
-- A true change at or above the verdict's resolution must be claimed ("moves A", "moves B" or both).
-- Below the resolution either answer is right: the comparison could not promise to see it.
-- The compute to reach the verdict's R* (rank.efficiency): the truth's is found here by bisection on the law of
-  each variant (C_mid: the yaml's truth times the effect's factor), not by the report's closed form. "moves C_mid"
-  must point its way; a true ratio at or above the resolution must be found unless A or B was claimed.
-So "no detectable change" is right when every true change is below the resolution it states.
-A 90% interval misses its truth one time in ten, so a claim can be wrong by chance: on simulated mock-like sweeps
-(60 sweeps x 8 verdicts, 11 or 51 points) about 1 verdict in 100 claimed a B move that was not there, mostly where
-the base run's own fit was off. The seeds are fixed, so this test is deterministic; if a change makes it fail, the
-wrong claim it names is a real one to look at (bench/bench_loop.py --seeds N counts them over more sweeps).
-With 10 steps (11 points) the draws after the task changed (hash added) gave one: loo-savg claimed B +1.24 against
-a true -0.10 (its fit saw no wobble in 11 points, n_eff 9, and both its A and B intervals missed the truth); 21
-points resolve the noise model better, at ~15 s more.
+and the three pooled (`--sweep all`). The truth is derived here, independently of the report's own truth column; a
+verdict is right when its claims point the truth's way and every true change at or above its stated resolution is
+claimed. The seeds are fixed, so the test is deterministic: a wrong claim it names after a change is a real one to
+look at. What "right" means in full, and why 21 points: docs/testing.md#the-mock-truth-test.
 """
 
 import math

@@ -168,7 +168,8 @@ def _rows(report):
 
 def test_variants_csv_has_the_documented_columns_first_and_one_row_per_variant(report):
     rows = _csv_rows(report.variants_csv)
-    assert rows[0][: len(CSV_COLUMNS)] == CSV_COLUMNS  # the eleven of DESIGN.md, in that order, then the rest
+    # the eleven of docs/design.md#names-users-rely-on, in that order, then the rest
+    assert rows[0][: len(CSV_COLUMNS)] == CSV_COLUMNS
     assert rows[0] == CSV_COLUMNS + CSV_EXTRA
     assert [r[0] for r in rows[1:]] == [row.variant for row in report.rows]  # rank order
     assert sorted(r[0] for r in rows[1:]) == ROWS
@@ -176,7 +177,8 @@ def test_variants_csv_has_the_documented_columns_first_and_one_row_per_variant(r
 
 def test_fits_csv_has_one_row_per_run_with_the_documented_columns(report):
     rows = _csv_rows(report.csv)
-    assert rows[0] == CSV_COLUMNS + ["run_id", "variant_rank", "verdict"]  # DESIGN.md: one row per run
+    # one row per run (docs/design.md#names-users-rely-on)
+    assert rows[0] == CSV_COLUMNS + ["run_id", "variant_rank", "verdict"]
     run_ids = [r[len(CSV_COLUMNS)] for r in rows[1:]]
     assert sorted(run_ids) == sorted(rid for row in report.rows for rid in row.run_ids)
     npr = [r for r in rows[1:] if r[0] == "loo-npr"]
@@ -369,7 +371,7 @@ def test_cli_unknown_experiment_exits_2_with_one_line(study, tmp_path):
 
 
 def test_cli_report_never_imports_torch_or_the_trainer(study, tmp_path):
-    # DESIGN.md, Boundaries: analysis imports neither torch nor the trainer (ablate.tracking, stdlib only, is fine)
+    # docs/design.md#boundaries: analysis imports neither torch nor the trainer (ablate.tracking, stdlib only, is fine)
     heavy = "('torch', 'hydra', 'ablate.trainer', 'ablate.generators', 'ablate.rl')"
     code = (
         "import sys, analysis\n"

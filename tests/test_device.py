@@ -1,13 +1,12 @@
 """Every tensor is made on its inputs' device: the GPU's device bugs, caught on the CPU.
 
 On a GPU, a tensor made without `device=` lands on the CPU beside CUDA inputs, and the next op fails ("Expected all
-tensors to be on the same device"): the first H100 run crashed so at its first optimizer step
-(shared/notes/gpu-facts.md). On the CPU the same line is harmless, unless the default device is something else:
-under `torch.set_default_device("meta")`, with every input on the CPU, a tensor made without `device=` lands on
-meta, and then index_add raises, `.item()` raises, or the output comes back on meta. Each test here runs the code
-under that default with CPU inputs and checks that what comes out is on the CPU and equals the same call made
-normally. The whole-run tests cover the trainer, the Learner, the pipeline, the engine, validation and checkpoints.
-`pytest -m gpu` runs the same runs on CUDA when there is one.
+tensors to be on the same device"; docs/design.md#device-placement). On the CPU the same line is harmless, unless
+the default device is something else: under `torch.set_default_device("meta")`, with every input on the CPU, a tensor
+made without `device=` lands on meta, and then index_add raises, `.item()` raises, or the output comes back on meta.
+Each test here runs the code under that default with CPU inputs and checks that what comes out is on the CPU and
+equals the same call made normally. The whole-run tests cover the trainer, the Learner, the pipeline, the engine,
+validation and checkpoints. `pytest -m gpu` runs the same runs on CUDA when there is one.
 """
 
 from __future__ import annotations

@@ -113,9 +113,9 @@ def test_failing_variants_are_reported_and_lose_nothing(tmp_path):
     assert rows.count("\n") == 10  # header + 9 runs: the report is made all the same
 
 
-# -m slow: it failed 2 times in 10 here (a variant's run left RUNNING: submitit's controller, Ctrl-C'd too, SIGKILLed
-# its worker a second later; a second SIGINT cut a run's close short); both fixed and tested in the default suite
-# (test_a_local_workers_controller_ignores_ctrl_c_..., test_trainer's second Ctrl-C); after, it passed 12 in 12
+# -m slow. The two ways it can leave a run RUNNING are tested in the default suite: submitit's controller, Ctrl-C'd
+# too, SIGKILLing its worker (test_a_local_workers_controller_ignores_ctrl_c_...), and a second SIGINT cutting a run's
+# close short (test_trainer's second Ctrl-C)
 @pytest.mark.slow
 def test_ctrl_c_on_a_sweep_says_one_line_keeps_what_ran_and_leaves_no_empty_run(tmp_path):
     """SIGINT to the sweep's whole process group (what Ctrl-C in a terminal sends) once two variants are training:
@@ -144,7 +144,7 @@ def test_ctrl_c_on_a_sweep_says_one_line_keeps_what_ran_and_leaves_no_empty_run(
     os.killpg(proc.pid, signal.SIGINT)
     try:
         out, err = proc.communicate(timeout=120)
-    finally:  # whatever happened, no job of 100,000 steps outlives the test (one did, and starved the suite)
+    finally:  # whatever happened, no job of 100,000 steps outlives the test (it would starve the suite)
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:

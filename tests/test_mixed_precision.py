@@ -1,9 +1,8 @@
 """Mixed precision the standard way: fp32 master weights and AdamW state, the decoder in bf16 under autocast, the LM
 head in the precision option's dtype.
 
-Why it matters (shared/notes/gpu-facts.md): with bf16 weights, one AdamW step at the paper's lr 5e-7 changed 0.06%
-of a 0.89B model's weights on an H100 (1.0% of the tiny model's here): the update is ~1e-5 of a weight and bf16's 8
-bits of mantissa round it away, so a paper-scale run would silently not learn.
+Why it matters (docs/design.md#mixed-precision): at the paper's lr 5e-7 an update is ~1e-5 of a weight, which
+bf16's 8 bits of mantissa round away, so a paper-scale run on bf16 weights would silently not learn.
 """
 
 from __future__ import annotations

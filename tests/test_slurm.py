@@ -17,8 +17,8 @@ from test_sweeps import PAPER_LOO
 pytestmark = pytest.mark.slurm
 
 # The mock generator on a 1-layer model: these tests are about the cluster, not the model. The test cluster lets 8
-# jobs share a core (OverSubscribe=FORCE:8): an array of 9 ran all at once on 2 cores (the LOO test 137 s; 119 s
-# with as many at a time as there are cores, as a real cluster would run them).
+# jobs share a core (OverSubscribe=FORCE:8), so an array of 9 runs at once on 2 cores; array_parallelism keeps as
+# many running at a time as there are cores, as a real cluster would run them. Their times: docs/testing.md#slurm.
 SLURM = ["generator=mock", "model.num_layers=1", "model.hidden_size=32", "launcher=slurm",
          "launcher.cpus_per_task=1", "launcher.gpus_per_node=1", "launcher.mem_gb=1", "launcher.timeout_min=10",
          f"launcher.array_parallelism={os.cpu_count() or 1}"]
@@ -63,7 +63,7 @@ def _manifest(cwd) -> dict:
     return json.loads(path.read_text())
 
 
-FSDP_SWEEP = pytest.param(["run=fsdp", "launcher.gpus_per_node=2"], marks=pytest.mark.slow)  # 128 s here
+FSDP_SWEEP = pytest.param(["run=fsdp", "launcher.gpus_per_node=2"], marks=pytest.mark.slow)  # 2 ranks x 9 jobs
 
 
 @pytest.mark.parametrize("layout", [[], FSDP_SWEEP], ids=["one_process", "fsdp"])
@@ -124,8 +124,8 @@ def _histories(cwd, *keys, experiment="tiny-dryrun") -> dict[str, list[tuple[int
             for key in keys}
 
 
-@pytest.mark.slow  # 70-100 s; the default suite runs a 2-node job with SLURM's variables set by hand (25 s:
-# tests/test_parallel.py), to keep the suite well under 15 minutes
+@pytest.mark.slow  # the default suite runs a 2-node job with SLURM's variables set by hand (tests/test_parallel.py),
+# which takes a fraction of this one's time
 def test_a_job_of_two_nodes_trains_as_a_job_of_one_and_resumes_when_requeued(slurm, tmp_path):
     """run=fsdp as one SLURM job over two nodes (partition `two`), a trainer rank on each: one task a node, node 0
     hosting the ranks' rendezvous (static, ranks by SLURM_NODEID), the gloo group between the nodes, the checkpoint's
@@ -136,7 +136,7 @@ def test_a_job_of_two_nodes_trains_as_a_job_of_one_and_resumes_when_requeued(slu
         pytest.skip(f"this machine is named {slurm.node}: the test cluster's second node needs that name")
     import slurm_cluster
 
-    steps = 60  # ~0.6 s each here until the one-node job ends: the requeue lands near step 20
+    steps = 60  # enough that the two-node job is still mid-run when it is requeued (from step 15 on)
     common = ["sweep=recipes", "sweep.recipes=[scalerl]", "run=fsdp", f"train.steps={steps}", "train.val_every=5",
               "train.checkpoint_every=10"]
     one, two = tmp_path / "one_node", tmp_path / "two_nodes"
@@ -242,7 +242,7 @@ RESUMABLE = ["sweep=recipes", "sweep.recipes=[scalerl]", "train.steps=400", "tra
              "train.val_every=5"]
 
 
-@pytest.mark.slow  # ~65 s; the default suite requeues a warned job here, and resumes a killed run in test_resume.py
+@pytest.mark.slow  # the default suite requeues a warned job here, and resumes a killed run in test_resume.py
 def test_a_requeued_job_resumes_its_run_with_no_lost_or_duplicated_steps(slurm, tmp_path):
     out = _ablate(tmp_path, *RESUMABLE, env=slurm.env)
     assert out.returncode == 0, out.stderr
@@ -257,7 +257,7 @@ def test_a_requeued_job_resumes_its_run_with_no_lost_or_duplicated_steps(slurm, 
     assert int(client.get_run(run_id).data.tags["ablate.resumed_from"]) >= 20  # the second start used a checkpoint
 
 
-@pytest.mark.slow  # ~90 s; test_resume.py resumes a killed run the same way
+@pytest.mark.slow  # test_resume.py resumes a killed run the same way
 def test_a_cancelled_sweep_resumes_when_run_again(slurm, tmp_path):
     out = _ablate(tmp_path, *RESUMABLE, env=slurm.env)
     assert out.returncode == 0, out.stderr
@@ -278,7 +278,7 @@ def test_a_cancelled_sweep_resumes_when_run_again(slurm, tmp_path):
     assert int(client.get_run(run_id).data.tags["ablate.resumed_from"]) >= 20
 
 
-FSDP_JOB = pytest.param(["run=fsdp", "launcher.gpus_per_node=2"], marks=pytest.mark.slow)  # 104 s here
+FSDP_JOB = pytest.param(["run=fsdp", "launcher.gpus_per_node=2"], marks=pytest.mark.slow)  # 2 ranks: minutes
 
 
 @pytest.mark.parametrize("layout", [[], FSDP_JOB], ids=["one_process", "fsdp"])
@@ -309,10 +309,10 @@ def test_a_warned_job_checkpoints_at_the_warning_requeues_itself_and_finishes(la
 
 @pytest.mark.slow
 def test_a_job_at_its_time_limit_checkpoints_requeues_and_finishes(slurm, tmp_path):
-    # SLURM's own timer (2-3 min, so `-m slow`): a 1-minute limit with the warning 45 s before it. slurmctld
-    # checks its timers every 30 s, so the warning comes 15-45 s into each job, and whatever the job is doing: 1,500
-    # mock steps (~35 a second) outlast the first job for sure and take 3-6 jobs in all; one of them may be
-    # warned after its last step, which must not fail it
+    # SLURM's own timer (minutes, so `-m slow`): a 1-minute limit with the warning 45 s before it. slurmctld checks
+    # its timers every 30 s, so the warning comes 15-45 s into each job, and whatever the job is doing: 1,500 mock
+    # steps outlast the first job for sure and take several jobs in all; one of them may be warned after its last
+    # step, which must not fail it
     out = _ablate(tmp_path, "sweep=recipes", "sweep.recipes=[scalerl]", "train.steps=1500",
                   "train.checkpoint_every=100000", "train.val_every=30", "launcher.timeout_min=1",
                   "launcher.signal_delay_s=45", env=slurm.env)

@@ -12,7 +12,7 @@ from ablate.config import choice_of, compose, merge_overrides, semantic, signatu
 from ablate.run import plan, sweep_id
 from ablate.sweeps import loo, single
 
-PAPER_LOO = {  # scalerl-facts.md, "The LOO variants", plus loo-npr
+PAPER_LOO = {  # docs/design.md#what-the-paper-says (the LOO variants), plus loo-npr
     "loo-dapo": "loss=dapo",
     "loo-savg": "aggregation=sample_mean",
     "loo-plan": "normalization=prompt",

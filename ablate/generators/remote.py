@@ -1,43 +1,11 @@
 """Generator engines in processes of their own (run.generator_gpus=N): they decode there, each on its own device,
 while the pipeline that decides what they decode and when they take new weights stays with trainer rank 0.
 
-The split is at the engine's interface (ablate/generators/engine.py: start, step, load, running, waves, rng), the
-one the pipeline already drives; the pipeline's rules (k-staleness, every prompt started once and trained once,
-the deterministic schedule) are therefore unchanged, and with one engine process a deterministic run gives the
-same tokens as with the engine in rank 0's process. As PipelineRL's actor and inference processes, prime-rl's
-orchestrator and inference servers: rank 0 asks, the engine processes answer. With several, each wave of rows is
-dealt across them in slices (data parallel), and they decode at the same time.
-
-Transport: torch's gloo and NCCL process groups that ablate/parallel.py (`connect_engines`) makes between rank 0 and
-the engine processes through the job's store, outside the trainer ranks' torch.distributed world (an engine process
-has none of ours, so that vLLM can make its own there):
-- `control`, one per engine process with rank 0, gloo whatever the device: each call is one request from rank 0
-  and one reply from the engine process (pickled objects: the rows started, the rows that ended, the random
-  state, errors as text).
-- `weights`, rank 0 and every engine process, the job's backend (nccl on GPUs, gloo on the CPU): `stage`
-  broadcasts the weights one tensor at a time, already in the engines' dtype (bf16 halves the traffic), straight
-  into each engine's staging copy of its model; `load` then copies the staging copy into the decoding one, at the
-  decode step the pipeline's rules choose.
-
-Staging is what lets rank 0 hold no whole copy of the policy under FSDP: a step's weights go to the engines as
-they are gathered from the shards, tensor by tensor, right after the step (`Pipeline.publish`), whenever the
-engines will take them; validation samples the staging copy there (the weights just published), its rows dealt
-across the engines as a wave's are. An engine process holds two copies of the model in its dtype.
-
-An engine that `receives` (generator=vllm with generator.weight_transfer=direct) has no staging copy: at `stage`
-the tensors go over the same group straight into vLLM's model (VLLMEngine.receive: vLLM's weight-transfer API),
-which decodes with them from its next step (so `load` only checks the version), and validation decodes on the
-engine itself, on every tensor-parallel rank, beside the pipeline's running rows (VLLMEngine.decode_apart). The
-engine process keeps the model's names and shapes only (a model on the meta device), to check what rank 0 sends.
-
-The engine in a process is ours (`Engine`) or vLLM's (generator=vllm: `VLLMEngine`, its engine core in that
-process, making its own torch.distributed world of one); the staging copy is a torch model either way, so the
-weights arrive the same way, and validation samples it with our engine as generator=vllm does in one process.
-Tensor parallel (generator.tensor_parallel_size=t): t processes in a row are one vLLM engine, in the world they
-make (ablate/parallel.py: _engine_main); each is asked the same and must answer the same, each gets every tensor
-and vLLM keeps its shard.
-
-`RemoteEngine` lives in rank 0; `serve` is the whole life of an engine's process (ablate/parallel.py starts it).
+`RemoteEngine` (in rank 0) speaks the engine interface (ablate/generators/engine.py) to them over one gloo `control`
+group per engine process, deals each wave of rows across them, and streams each step's weights over the `weights`
+group into their staging copies (or straight into vLLM: generator.weight_transfer=direct). `serve` is the whole life
+of an engine's process (ablate/parallel.py starts it). Transport, staging, validation and tensor parallelism:
+docs/design.md#engine-processes.
 """
 
 from __future__ import annotations
