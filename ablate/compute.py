@@ -1,34 +1,11 @@
-"""Reference compute: the device-hours a run's steps would take on devices of a fixed throughput
-(train.reference_tflops), reproducible on a shared machine where wall time measures the neighbours as much as the run.
+"""A run's compute: the device-hours each step adds to `compute/gpu_hours`, the x axis of the law.
 
-A step's work is its FLOPs (Kaplan et al. 2020): 2N per generated token, 6N per trained token. Where that work runs
-is the layout (train.reference_layout):
-- colocated (unset): one device generates and trains in turn, so a step's time is all its FLOPs at the throughput.
-- disaggregated, [generator devices, trainer devices] (the paper's kind of run: 64 generating + 16 training GPUs):
-  each side's FLOPs at the throughput of its devices, and the run's off-policy rule decides how much the two sides
-  overlap. The batches the rule lets start on the same weights, version v = oldest_version(s - 1), are one round:
-  they start together, once those weights exist and the generator is done with the round before, and decode side by
-  side (continuous batching), so they end together; the trainer trains step s once its round has ended and step
-  s - 1 is done:
-
-      round_end(v)  = max(round_end(previous round), train_done(v)) + sum of its G_b / (gen devices x throughput)
-      train_done(s) = max(train_done(s - 1), round_end(oldest_version(s - 1))) + T_s / (trainer devices x throughput)
-
-  and every device the job holds counts for the whole time, idle or not (the paper's GPU-hours). PipelineRL-k makes
-  rounds of one batch (after the first k + 1, all on the initial weights) that may run k ahead of the trainer, so
-  the slower side sets the pace; PPO-off-policy-k makes rounds of k batches that wait for the k-th step's weights,
-  so generation and training take turns: the idle the paper's PipelineRL removes.
-
-A round's batches reach the clock one step at a time, so until its last one has, the round's generation time is
-extrapolated from the mean G of those seen, and its steps' times are worked out again from the round's start at each
-step; the device-hours logged never go down (a step that finds the round shorter than extrapolated adds nothing
-until the clock has caught up). Exact at the end of every round unless an extrapolation ran past it, and exact
-again once the clock has caught up (batches of one round are drawn alike, so extrapolations are close).
-
-Deviation, said where it shows: in the deterministic schedule the tokens a PipelineRL run trains on are at most the
-engine's `max_waves` versions old, while the clock lets the generator run ahead up to k; at k >= 1 the generator
-can already overlap the trainer's whole step, so the time differs little (the recurrence above is exact for the
-clock, not for which version made each token).
+`ReferenceClock`: the device-hours a run's steps would take on devices of a fixed throughput (train.reference_tflops),
+reproducible on a shared machine where wall time measures the neighbours as much as the run. A step's work is its
+FLOPs (Kaplan et al. 2020: 2N per generated token, 6N per trained token), on one device (colocated) or on
+train.reference_layout's [generator devices, trainer devices], which overlap as the off-policy rule allows, every
+device counted while it waits (the paper's GPU-hours). The recurrence, how a round is extrapolated until its last
+batch is seen, and the one deviation: docs/design.md#reference-compute.
 """
 
 from __future__ import annotations

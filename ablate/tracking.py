@@ -1,7 +1,8 @@
 """MLflow: one parent run per sweep, one child run per variant, metrics buffered and flushed with log_batch.
 
-Names (DESIGN.md): tags ablate.sweep, ablate.variant, ablate.axis, ablate.choice, ablate.signature, plus ablate.role
-(sweep | variant); params are the flattened resolved config; metrics are logged at step = optimizer step.
+Names (docs/design.md#names-users-rely-on): tags ablate.sweep, ablate.variant, ablate.axis, ablate.choice,
+ablate.signature, plus ablate.role (sweep | variant); params are the flattened resolved config; metrics are logged at
+step = optimizer step.
 """
 
 from __future__ import annotations

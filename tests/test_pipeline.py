@@ -1,4 +1,4 @@
-"""The pipeline's off-policy rules (DESIGN.md, Semantics pinned): k at its boundaries, versions changing inside a
+"""The pipeline's off-policy rules (docs/design.md#semantics-pinned): k at its boundaries, versions changing inside a
 sequence, every prompt trained exactly once, the deterministic schedule, and a restart's replay."""
 
 from __future__ import annotations

