@@ -11,7 +11,24 @@ batch is seen, and the one deviation: docs/design.md#reference-compute.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence
+
+
+class Clock(Protocol):
+    """A run's device-hours, one step at a time (`compute/gpu_hours` adds them up, across restarts)."""
+
+    def gpu_hours(self, step: int, rollouts, wall_seconds: float, flops: StepFlops) -> float:
+        """The device-hours of optimizer step `step`, which took `wall_seconds` and did `flops` on `rollouts`."""
+        ...
+
+    def perf(self) -> dict:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -31,7 +48,27 @@ def check_layout(layout: Sequence[int] | None) -> None:
                          f"got {list(layout)}")
 
 
-class ReferenceClock:
+class WallClock(Clock):
+    """Every device the job holds is busy for a step's whole wall-clock time (generation and training share them)."""
+
+    def __init__(self, devices: int):
+        self.devices = devices
+
+    def gpu_hours(self, step: int, rollouts, wall_seconds: float, flops: StepFlops) -> float:
+        return self.devices * wall_seconds / 3600.0
+
+
+def clock_for(train, devices: int, off_policy) -> Clock:
+    """The clock `train` (the config's train node) asks for: its FLOPs at train.reference_tflops on
+    train.reference_layout when that is set (the same on every run of the same tokens), else wall-clock time on the
+    `devices` the job holds."""
+    if not train.reference_tflops:
+        return WallClock(devices)
+    layout = train.reference_layout
+    return ReferenceClock(float(train.reference_tflops), None if layout is None else list(layout), off_policy)
+
+
+class ReferenceClock(Clock):
     """Device-hours per step at `tflops` TFLOP/s per device, on `layout` (None: colocated on one device, else
     [generator devices, trainer devices]), under `off_policy`'s rule for which weights a batch starts on."""
 
@@ -69,6 +106,13 @@ class ReferenceClock:
         self.train_done = {v: t for v, t in self.train_done.items() if v >= min(oldest_needed, step)}
         before, self.elapsed = self.elapsed, max(self.elapsed, self.train_done[step])
         return (gen_devices + train_devices) * (self.elapsed - before) / 3600.0
+
+    def gpu_hours(self, step: int, rollouts, wall_seconds: float, flops: StepFlops) -> float:
+        return self.step(step, flops)
+
+    def perf(self) -> dict:
+        """The reference layout's generator idle share (a layout of its own only)."""
+        return {} if self.layout is None else {"compute/generator_idle_frac": self.generator_idle_frac()}
 
     def _round_size(self, step: int, most: int = 100_000) -> int:
         """How many batches from `step` on start on the same weights as batch `step`."""

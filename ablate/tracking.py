@@ -160,6 +160,14 @@ class RunLogger:
         self._last_flush = time.monotonic()
         self._logged_through: dict[str, int] = {}  # after a resume: per key, the last step already in the store
 
+    def status(self) -> str:
+        """The run's status in the store: SCHEDULED, RUNNING, FINISHED, FAILED or KILLED."""
+        return self.client.get_run(self.run_id).info.status
+
+    def mark_running(self) -> None:
+        """The run's setup is done: it is RUNNING."""
+        self.client.update_run(self.run_id, status="RUNNING")
+
     def resume(self) -> dict[str, float]:
         """For a run continued by a new process: from now on, skip points at steps the store already holds (what
         the previous process logged after its last checkpoint). Returns each metric's last logged value."""

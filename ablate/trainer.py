@@ -22,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from ablate.compute import StepFlops
 from ablate.config import flatten
+from ablate.generators.base import capabilities
 from ablate.parallel import SHARDS, OneProcess, Weights
 from ablate.policy import Scorer, build_policy, build_tokenizer, compute_dtype
 from ablate.registry import build
@@ -236,6 +236,12 @@ class PreemptionNotice:
         except ValueError:  # not the main thread: signals cannot be caught here
             pass
 
+    def __enter__(self) -> PreemptionNotice:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def _hold(self, signum, frame) -> None:
         self.received = True
 
@@ -263,7 +269,7 @@ class Checkpoint:
         payload = {
             "state": vars(state).copy(), **learner.ranks.save(learner, self.path.parent, tag=state.step),
             "torch_rng": torch.get_rng_state(), "sampler": sampler.state_dict(),
-            "generator": generator.state_dict(),
+            "generator": generator.state_dict(), "clock": generator.clock.state_dict(),
         }
         tmp = self.path.with_suffix(".tmp")
         torch.save(payload, tmp)
@@ -285,6 +291,7 @@ class Checkpoint:
         torch.set_rng_state(payload["torch_rng"])
         sampler.load_state_dict(payload["sampler"])
         generator.load_state_dict(payload["generator"])
+        generator.clock.load_state_dict(payload.get("clock", payload["generator"].get("clock", {})))
         return True
 
 
@@ -320,142 +327,28 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
 
     Returns the final state. A non-finite loss ends the run cleanly: tag ablate.diverged=true, status FAILED.
     """
-    # ---- setup
     torch.manual_seed(cfg.seed)
     folder = Path(cfg.paths.runs) / run_id
     tracker = RunLogger(tracking_uri, run_id, flush_every=cfg.tracking.flush_every, spill_path=folder / "spill.jsonl")
-    if tracker.client.get_run(run_id).info.status == "FINISHED":  # e.g. requeued just as it finished: done already
+    if tracker.status() == "FINISHED":  # e.g. requeued just as it finished: done already
         print(f"run {run_id} is already FINISHED: nothing to do", file=sys.stderr, flush=True)
         return RunState(step=cfg.train.steps)
-    with _ends_run_on_error(tracker):  # a failure before the loop ends the run FAILED (KILLED: Ctrl-C), not SCHEDULED
-        tokenizer = build_tokenizer(cfg.model)
-        task = build(cfg.task, tokenizer=tokenizer, seed=cfg.seed)
-        policy = build_policy(cfg.model, cfg.seed, tokenizer)
-        samples_policy = getattr(get_object(cfg.generator._target_), "samples_policy", True)  # not the mock
-        if cfg.task.warm_start_steps > 0 and samples_policy:  # the same warm-started weights for every variant
-            key = {"model": OmegaConf.to_container(cfg.model), "task": OmegaConf.to_container(cfg.task),
-                   "seed": cfg.seed}  # the seed made the initial weights
-            cached_warm_start(policy, task, Path(cfg.paths.cache), key, steps=cfg.task.warm_start_steps,
-                              lr=cfg.task.warm_start_lr, batch_size=cfg.task.warm_start_batch,
-                              compute_dtype=compute_dtype(cfg.model))
-        prompt_filter, length_control = build(cfg.filtering), build(cfg.length_control)
-        learner = Learner(cfg, policy, ranks=build(cfg.run))
-        sampler = PromptSampler(task.size("train"), cfg.seed, prompt_filter, more=task.more_train)
-        generator = build(cfg.generator, cfg=cfg, task=task, sampler=sampler, policy=learner.weights())
-        checkpoint = Checkpoint(folder)
-        state = RunState()
-        if checkpoint.load(state, learner, sampler, generator):
-            # Steps the killed process logged after its checkpoint stay as they are; none is logged twice, and the
-            # device-hours it spent after the checkpoint still count.
-            last = tracker.resume()
-            state.gpu_hours = max(state.gpu_hours, last.get("compute/gpu_hours", 0.0))
-            generator.reset_weights(learner.weights(), state.step)
-            tracker.set_tags({"ablate.resumed_from": str(state.step)})
-            print(f"run {run_id} resumes from its step-{state.step} checkpoint", file=sys.stderr, flush=True)
-        else:
-            params = flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
-            tracker.log_params({**params, **generator.describe(), "trainer.ranks": learner.ranks.world})
-        tracker.client.update_run(run_id, status="RUNNING")
-    notice = PreemptionNotice()
-    n_params = sum(p.numel() for p in learner.policy.parameters())
-    l_max = cfg.generation.max_think_tokens + cfg.generation.max_answer_tokens
-
-    try:
-        # ---- train
-        if state.step == 0:
-            pass_rate = generator.validate(0.0, policy=learner.weights(), step=0)
-            tracker.log_metrics({"val/pass_rate": pass_rate, "compute/gpu_hours": 0.0, "compute/flops": 0.0}, step=0)
-        tick = time.perf_counter()  # device time runs from here: every second of the job counts, waits included
-        for step in range(state.step + 1, cfg.train.steps + 1):
-            try:
-                rollouts = generator.batch(step, state.gpu_hours)
-                rewards = rollouts.rewards + length_control.reward_shaping(rollouts.lengths, l_max)
-                keep = prompt_filter.keep(rewards, rollouts.group)
-                sampler.observe(rollouts.prompt_ids, rollouts.correct)
-                began = time.perf_counter()
-                update = learner.step(rollouts, rewards, keep)
-                if not samples_policy:  # the mock's log-probs are made up: no gap to measure
-                    update.pop("train/logprob_gap", None)
-                learner_s = time.perf_counter() - began
-            except PromptsExhausted as err:  # a finite data set that NPR used up: the run ends here, saying so
-                state.stopped = f"stopped after step {step - 1} of {cfg.train.steps}: {err}"
-                tracker.set_tags({"ablate.stopped_early": state.stopped})
-                print(f"run {run_id} {state.stopped}", file=sys.stderr, flush=True)
-                break
-            except FloatingPointError as err:  # a non-finite loss, or logits of weights that went non-finite
-                state.diverged = True
-                tracker.set_tags({"ablate.diverged": "true", "ablate.diverged_step": str(step)})
-                tracker.log_metrics({"train/diverged": 1.0}, step=step)
-                log.warning("run %s diverged at step %d: %s", run_id, step, err)
-                break
-            began = time.perf_counter()
-            weights = learner.weights()
-            generator.publish(weights, step)
-            now = time.perf_counter()
-            publish_s = now - began
-            wall, tick = now - tick, now
-            state.step = step
-            flops = _step_flops(n_params, rollouts, keep)
-            state.gpu_hours += generator.step_gpu_hours(rollouts, wall, flops, step)
-            state.flops += flops.total
-            metrics = {
-                "compute/gpu_hours": state.gpu_hours,
-                "compute/flops": state.flops,
-                "train/reward_mean": float(rewards.mean()),
-                "train/pass_rate": float(rollouts.correct.float().mean()),
-                "train/truncation_rate": float(rollouts.truncated.float().mean()),
-                "train/zero_variance_frac": 1.0 - float(keep.float().mean()),
-                "train/npr_dropped": float(len(prompt_filter.retired())),
-                "train/prompts_available": float(sampler.available()),
-                "train/completion_tokens": float(rollouts.lengths.float().mean()),
-                **update,
-                **_staleness(rollouts, step - 1),
-                "perf/tokens_per_s": float(rollouts.mask.sum()) / max(wall, 1e-9),
-                **_cluster_perf(cfg.run, n_params, rollouts, keep, learner_s, publish_s, learner.ranks.world,
-                                generator.perf()),
-            }
-            if step % cfg.train.val_every == 0 or step == cfg.train.steps:
-                metrics["val/pass_rate"] = generator.validate(state.gpu_hours, policy=weights, step=step)
-            if step % cfg.train.log_every == 0 or "val/pass_rate" in metrics:
-                tracker.log_metrics(metrics, step=step)
-            if step % cfg.train.checkpoint_every == 0 and step < cfg.train.steps:
-                tracker.flush()  # first: every step up to the checkpoint is in the store before a resume skips it
-                checkpoint.save(state, learner, sampler, generator)
-            if progress is not None:
-                progress(step, cfg.train.steps, metrics)
-            if notice.received and step < cfg.train.steps:  # preempted or at the time limit: save, then requeue
-                tracker.flush()
-                checkpoint.save(state, learner, sampler, generator)
-                tracker.set_tags({"ablate.requeued_at": str(step)})
-                notice.hand_over()
-    # ---- cleanup: flush what was measured whatever happened, and say how the run ended
-    except KeyboardInterrupt:
-        notice.close()
-        tracker.close("KILLED")
-        raise
-    except SystemExit:  # requeued: the run goes on in the next job; keep it RUNNING, keep what was measured
-        notice.close()
-        tracker.flush()
-        raise
-    except BaseException:
-        notice.close()
-        tracker.close("FAILED")
-        raise
-    finally:
-        generator.close()
-    try:  # a USR2 still only waits here: a run that has done its last step ends as it is, and is not requeued
-        tracker.close("FAILED" if state.diverged else "FINISHED")
-        if not state.diverged:
-            checkpoint.remove()  # a finished run is not resumed; at 8B its optimizer state alone is ~100 GB
-    finally:
-        notice.close()
-    return state
+    with _run_ends(tracker):
+        run = _Run(cfg, run_id, tracker, folder)
+        with PreemptionNotice() as notice:  # a USR2 after the last step only waits: the run ends as it is
+            with _closing(run.generator):
+                run.train(notice, progress)
+            tracker.close("FAILED" if run.state.diverged else "FINISHED")
+            if not run.state.diverged:
+                run.checkpoint.remove()  # a finished run is not resumed; at 8B its optimizer state alone is ~100 GB
+    return run.state
 
 
 @contextmanager
-def _ends_run_on_error(tracker: RunLogger):
-    """The run's end in the store when its setup fails: KILLED on Ctrl-C, FAILED on an error; SLURM's warning
-    (SystemExit, to requeue) leaves it as it is."""
+def _run_ends(tracker: RunLogger):
+    """The run's status in the store when it ends on an exception, mapped in this one place: KILLED on Ctrl-C,
+    FAILED on an error, and RUNNING on SLURM's warning (SystemExit: the job is requeued and the run goes on in the
+    next one); whatever was measured is flushed first."""
     try:
         yield
     except KeyboardInterrupt:
@@ -467,6 +360,145 @@ def _ends_run_on_error(tracker: RunLogger):
     except BaseException:
         tracker.close("FAILED")
         raise
+
+
+@contextmanager
+def _closing(generator):
+    """Close the generator when the run is over; a failure to close it while the run fails is logged, not raised
+    (the run's own error says how it ended)."""
+    try:
+        yield generator
+    except BaseException:
+        try:
+            generator.close()
+        except Exception:  # noqa: BLE001 - the run's error wins
+            log.exception("closing the generator of a run that had failed")
+        raise
+    generator.close()
+
+
+class _Run:
+    """One run's parts, built from its config (resumed from its checkpoint when it has one), and its loop."""
+
+    def __init__(self, cfg: DictConfig, run_id: str, tracker: RunLogger, folder: Path):
+        self.cfg, self.run_id, self.tracker = cfg, run_id, tracker
+        self.samples_policy = capabilities(cfg.generator).samples_policy  # False: a simulator (the mock)
+        tokenizer = build_tokenizer(cfg.model)
+        task = build(cfg.task, tokenizer=tokenizer, seed=cfg.seed)
+        policy = build_policy(cfg.model, cfg.seed, tokenizer)
+        if cfg.task.warm_start_steps > 0 and self.samples_policy:  # the same warm-started weights for every variant
+            key = {"model": OmegaConf.to_container(cfg.model), "task": OmegaConf.to_container(cfg.task),
+                   "seed": cfg.seed}  # the seed made the initial weights
+            cached_warm_start(policy, task, Path(cfg.paths.cache), key, steps=cfg.task.warm_start_steps,
+                              lr=cfg.task.warm_start_lr, batch_size=cfg.task.warm_start_batch,
+                              compute_dtype=compute_dtype(cfg.model))
+        self.prompt_filter, self.length_control = build(cfg.filtering), build(cfg.length_control)
+        self.learner = Learner(cfg, policy, ranks=build(cfg.run))
+        self.sampler = PromptSampler(task.size("train"), cfg.seed, self.prompt_filter, more=task.more_train)
+        self.generator = build(cfg.generator, cfg=cfg, task=task, sampler=self.sampler, policy=self.learner.weights())
+        self.checkpoint = Checkpoint(folder)
+        self.state = RunState()
+        self.n_params = sum(p.numel() for p in self.learner.policy.parameters())
+        self._resume_or_start()
+        tracker.mark_running()
+
+    def _resume_or_start(self) -> None:
+        """From the checkpoint when there is one (steps the killed process logged after it stay as they are; none is
+        logged twice, and the device-hours it spent after it still count); else log the run's params."""
+        state, tracker = self.state, self.tracker
+        if self.checkpoint.load(state, self.learner, self.sampler, self.generator):
+            last = tracker.resume()
+            state.gpu_hours = max(state.gpu_hours, last.get("compute/gpu_hours", 0.0))
+            self.generator.reset_weights(self.learner.weights(), state.step)
+            tracker.set_tags({"ablate.resumed_from": str(state.step)})
+            print(f"run {self.run_id} resumes from its step-{state.step} checkpoint", file=sys.stderr, flush=True)
+        else:
+            params = flatten(OmegaConf.to_container(self.cfg, resolve=True, enum_to_str=True))
+            tracker.log_params({**params, **self.generator.describe(), "trainer.ranks": self.learner.ranks.world})
+
+    def train(self, notice: PreemptionNotice, progress: Progress | None) -> None:
+        """Step 0's validation (a new run), then every optimizer step left, checkpointing on schedule and on SLURM's
+        warning; a diverged loss or an exhausted data set ends the loop early, saying so."""
+        cfg, state, tracker = self.cfg, self.state, self.tracker
+        if state.step == 0:
+            pass_rate = self.generator.validate(0.0, policy=self.learner.weights(), step=0)
+            tracker.log_metrics({"val/pass_rate": pass_rate, "compute/gpu_hours": 0.0, "compute/flops": 0.0}, step=0)
+        tick = time.perf_counter()  # device time runs from here: every second of the job counts, waits included
+        for step in range(state.step + 1, cfg.train.steps + 1):
+            outcome = self._step(step, tick)
+            if outcome is None:
+                break
+            metrics, tick = outcome
+            if step % cfg.train.val_every == 0 or step == cfg.train.steps:
+                metrics["val/pass_rate"] = self.generator.validate(state.gpu_hours, policy=self.learner.weights(),
+                                                                   step=step)
+            if step % cfg.train.log_every == 0 or "val/pass_rate" in metrics:
+                tracker.log_metrics(metrics, step=step)
+            if step % cfg.train.checkpoint_every == 0 and step < cfg.train.steps:
+                self._save()
+            if progress is not None:
+                progress(step, cfg.train.steps, metrics)
+            if notice.received and step < cfg.train.steps:  # preempted or at the time limit: save, then requeue
+                self._save()
+                tracker.set_tags({"ablate.requeued_at": str(step)})
+                notice.hand_over()
+
+    def _save(self) -> None:
+        self.tracker.flush()  # first: every step up to the checkpoint is in the store before a resume skips it
+        self.checkpoint.save(self.state, self.learner, self.sampler, self.generator)
+
+    def _step(self, step: int, tick: float) -> tuple[dict, float] | None:
+        """Optimizer step `step` (its device time counted from `tick`): rollouts, rewards, filtering, the learner's
+        update, the weights to the generator; returns the step's metrics and when it ended, or None when the run
+        ends here."""
+        state, generator, tracker = self.state, self.generator, self.tracker
+        l_max = self.cfg.generation.max_think_tokens + self.cfg.generation.max_answer_tokens
+        try:
+            rollouts = generator.batch(step, state.gpu_hours)
+            rewards = rollouts.rewards + self.length_control.reward_shaping(rollouts.lengths, l_max)
+            keep = self.prompt_filter.keep(rewards, rollouts.group)
+            self.sampler.observe(rollouts.prompt_ids, rollouts.correct)
+            began = time.perf_counter()
+            update = self.learner.step(rollouts, rewards, keep)
+            if not self.samples_policy:  # a simulator's log-probs are made up: no gap to measure
+                update.pop("train/logprob_gap", None)
+            learner_s = time.perf_counter() - began
+        except PromptsExhausted as err:  # a finite data set that NPR used up: the run ends here, saying so
+            state.stopped = f"stopped after step {step - 1} of {self.cfg.train.steps}: {err}"
+            tracker.set_tags({"ablate.stopped_early": state.stopped})
+            print(f"run {self.run_id} {state.stopped}", file=sys.stderr, flush=True)
+            return None
+        except FloatingPointError as err:  # a non-finite loss, or logits of weights that went non-finite
+            state.diverged = True
+            tracker.set_tags({"ablate.diverged": "true", "ablate.diverged_step": str(step)})
+            tracker.log_metrics({"train/diverged": 1.0}, step=step)
+            log.warning("run %s diverged at step %d: %s", self.run_id, step, err)
+            return None
+        began = time.perf_counter()
+        generator.publish(self.learner.weights(), step)
+        now = time.perf_counter()
+        publish_s, wall = now - began, now - tick
+        state.step = step
+        flops = _step_flops(self.n_params, rollouts, keep)
+        state.gpu_hours += generator.clock.gpu_hours(step, rollouts, wall, flops)
+        state.flops += flops.total
+        metrics = {
+            "compute/gpu_hours": state.gpu_hours,
+            "compute/flops": state.flops,
+            "train/reward_mean": float(rewards.mean()),
+            "train/pass_rate": float(rollouts.correct.float().mean()),
+            "train/truncation_rate": float(rollouts.truncated.float().mean()),
+            "train/zero_variance_frac": 1.0 - float(keep.float().mean()),
+            "train/npr_dropped": float(len(self.prompt_filter.retired())),
+            "train/prompts_available": float(self.sampler.available()),
+            "train/completion_tokens": float(rollouts.lengths.float().mean()),
+            **update,
+            **_staleness(rollouts, step - 1),
+            "perf/tokens_per_s": float(rollouts.mask.sum()) / max(wall, 1e-9),
+            **_cluster_perf(self.cfg.run, self.n_params, rollouts, keep, learner_s, publish_s,
+                            self.learner.ranks.world, {**generator.perf(), **generator.clock.perf()}),
+        }
+        return metrics, now
 
 
 def _staleness(rollouts: Rollouts, version: int) -> dict:

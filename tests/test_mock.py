@@ -110,7 +110,7 @@ def test_a_step_costs_its_share_of_the_compute_scaled_by_length():
     ro = gen.rollouts(list(range(8)), step=1, compute=0.0)
     max_len = cfg.generation.max_think_tokens + cfg.generation.max_answer_tokens
     expected = 1000 / 100 * (float(ro.lengths.float().mean()) / max_len) / 0.5
-    assert gen.step_gpu_hours(ro, wall_seconds=123.0) == pytest.approx(expected)
+    assert gen.clock.gpu_hours(1, ro, wall_seconds=123.0, flops=None) == pytest.approx(expected)
 
 
 def test_the_same_seed_and_config_give_the_same_draws_and_variants_differ():

@@ -78,7 +78,7 @@ def test_every_prompt_drawn_is_trained_once_and_none_is_lost(mode, concurrent):
     cfg, policy, generator, drawn = _setup(mode, "off_policy.k=2", f"generator.concurrent={concurrent}")
     batches = _train(generator, policy, 10)
     trained = [pid for ro in batches for pid in ro.prompt_ids[:: cfg.batch.samples_per_prompt].tolist()]
-    in_flight = [pid for batch in sorted(generator.started) for pid in generator.started[batch]]
+    in_flight = [pid for batch in sorted(generator.pipeline.started) for pid in generator.pipeline.started[batch]]
     assert trained + in_flight == drawn  # in order, each once: trained, or started and still to be trained
     for ro in batches:
         G = cfg.batch.samples_per_prompt
@@ -100,7 +100,7 @@ def test_the_deterministic_schedule_reproduces_every_token():
 def test_a_restart_starts_the_prompts_it_had_not_trained_yet_first():
     cfg, policy, generator, drawn = _setup("off_policy=pipeline_rl", "off_policy.k=2")
     _train(generator, policy, 3)
-    pending = dict(generator.started)
+    pending = dict(generator.pipeline.started)
     assert pending  # batches 4.. were started when the run stopped
     state = generator.state_dict()
     _, policy2, fresh, _ = _setup("off_policy=pipeline_rl", "off_policy.k=2")
@@ -115,13 +115,13 @@ def test_a_restart_starts_the_prompts_it_had_not_trained_yet_first():
 def test_a_restart_with_nothing_started_ahead_goes_on_at_the_next_step():
     _, policy, generator, _ = _setup("off_policy=ppo_off_policy", "off_policy.k=1")  # never starts ahead
     _train(generator, policy, 3)
-    assert not generator.started
+    assert not generator.pipeline.started
     _, _, fresh, _ = _setup("off_policy=ppo_off_policy", "off_policy.k=1")
     fresh.load_state_dict(generator.state_dict())
     fresh.reset_weights(policy, 3)
     ro = fresh.batch(4)
     assert set(ro.versions[ro.mask].tolist()) == {3}
-    assert min([*fresh.started, *fresh.ended], default=5) >= 5  # no batch before 4 was generated again
+    assert min([*fresh.pipeline.started, *fresh.pipeline.ended], default=5) >= 5  # no batch before 4 was generated again
     fresh.close()
 
 

@@ -111,6 +111,7 @@ class Engine:
 
     stages = False  # takes new weights as `load` is given them (engines in processes of their own stage them first)
     receives = False  # its weights come by `load`, never over a process group into it (VLLMEngine's may)
+    devices = 1  # decodes on one device
 
     def __init__(self, model: torch.nn.Module, limits: Limits, *, head_dtype: torch.dtype, temperature: float,
                  pad_id: int, seed: int, version: int = 0, compute_dtype: torch.dtype = torch.float32):

@@ -22,7 +22,9 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
+from ablate.compute import Clock, StepFlops
 from ablate.config import choice_of, signature
+from ablate.generators.base import Capabilities, Generator
 from ablate.policy import build_tokenizer
 from ablate.registry import build
 from ablate.rollouts import Rollouts
@@ -47,8 +49,23 @@ def variant_truth(cfg: DictConfig) -> Truth:
     return Truth(A=A, B=B, C_mid=C_mid, R0=mock.truth.R0)
 
 
-class MockGenerator:
-    samples_policy = False  # its rollouts do not come from the policy: the trainer skips the task's warm start
+class SimulatedClock(Clock):
+    """The simulated device-hours of a step: a share `hours_per_step` of the run's budget, scaled by the completion
+    lengths drawn (relative to `reference_length_frac` of the longest completion, `max_length` tokens)."""
+
+    def __init__(self, hours_per_step: float, max_length: int, reference_length_frac: float):
+        self.hours_per_step, self.max_length = hours_per_step, max_length
+        self.reference_length_frac = reference_length_frac
+
+    def gpu_hours(self, step: int, rollouts: Rollouts, wall_seconds: float, flops: StepFlops | None = None) -> float:
+        length_frac = float(rollouts.lengths.float().mean()) / self.max_length
+        return self.hours_per_step * length_frac / self.reference_length_frac
+
+
+class MockGenerator(Generator):
+    """Rollouts and validation from the variant's known truth (the module's docstring); no weights, no engine."""
+
+    capabilities = Capabilities(samples_policy=False)  # not the policy's rollouts: no warm start, no log-prob gap
 
     def __init__(self, truth: dict, effects: dict, gpu_hours: float, reference_length_frac: float, val_prompts: int,
                  val_samples: int, run_sd_A: float, wobble_sd: float, wobble_gpu_hours: float, prompt_spread: float,
@@ -68,8 +85,8 @@ class MockGenerator:
         self.gen = cfg.generation
         self.samples_per_prompt = int(cfg.batch.samples_per_prompt)
         self.samples_per_batch = int(cfg.batch.prompts_per_step)
-        self.gpu_hours_per_step = gpu_hours / cfg.train.steps
-        self.reference_length_frac = reference_length_frac
+        self.clock = SimulatedClock(gpu_hours / cfg.train.steps,
+                                    int(self.gen.max_think_tokens + self.gen.max_answer_tokens), reference_length_frac)
         self.wobble_sd, self.wobble_gpu_hours, self.kappa = wobble_sd, wobble_gpu_hours, prompt_spread
         self.vocab = int(cfg.model.vocab_size) or len(build_tokenizer(cfg.model))
         self.phrase_tokens = len(self.length_control.phrase.split()) if self.length_control.phrase else 0
@@ -92,18 +109,6 @@ class MockGenerator:
         if step == self.crash_at:
             raise RuntimeError(f"the simulated job crashes at step {step} (generator.crash_at_step)")
         return self.rollouts(self.sampler.next(self.samples_per_batch), step - 1, compute)
-
-    def publish(self, policy, version: int) -> None:
-        """The mock has no weights: its curve is a function of compute."""
-
-    def reset_weights(self, policy, version: int) -> None:
-        pass
-
-    def perf(self) -> dict:
-        return {}
-
-    def close(self) -> None:
-        pass
 
     # ------------------------------------------------------------------------------------------------ validation
     def validate(self, compute: float, **_: object) -> float:
@@ -205,10 +210,3 @@ class MockGenerator:
         start = self.rng.integers(oldest, step + 1, size=N)
         frac = np.minimum(np.arange(T)[None, :] / np.maximum(lengths[:, None] - 1, 1), 1.0)
         return np.floor(start[:, None] + (step - start)[:, None] * frac + 1e-9).astype(int)
-
-    # ------------------------------------------------------------------------------------------------- compute
-    def step_gpu_hours(self, rollouts: Rollouts, wall_seconds: float, flops=None, step: int = 0) -> float:
-        """The simulated device-hours of one step: a share of `gpu_hours`, scaled by the completion lengths."""
-        max_len = self.gen.max_think_tokens + self.gen.max_answer_tokens
-        length_frac = float(rollouts.lengths.float().mean()) / max_len
-        return self.gpu_hours_per_step * length_frac / self.reference_length_frac

@@ -21,7 +21,8 @@ import time
 import numpy as np
 import torch
 
-from ablate.generators.engine import Engine, Sequence
+from ablate.generators.base import Engine
+from ablate.generators.engine import Sequence
 from ablate.parallel import Weights, weights_of
 from ablate.rollouts import Rollouts
 from ablate.tasks.base import PromptsExhausted
@@ -120,7 +121,7 @@ class Pipeline:
         return {"perf/generator_idle_frac": self.generator_idle_s / wall,
                 "perf/trainer_wait_frac": self.trainer_wait_s / wall,
                 "perf/generator_tokens_per_s_per_gpu": window["tokens"] / max(now - window["start"], 1e-9)
-                / getattr(self.engine, "devices", 1),
+                / self.engine.devices,
                 "perf/engine_load_s": window["load_s"]}
 
     def close(self) -> None:
@@ -202,10 +203,10 @@ class Pipeline:
                 return False
         self.started[batch] = prompts
         self.ended[batch] = []
-        self.engine.start([row for index in prompts for row in self._rows("train", index, batch, self.G, self.rng)])
+        self.engine.start([row for index in prompts for row in self.rows("train", index, batch, self.G, self.rng)])
         return True
 
-    def _rows(self, split: str, index: int, batch: int, count: int, rng: np.random.Generator) -> list[Sequence]:
+    def rows(self, split: str, index: int, batch: int, count: int, rng: np.random.Generator) -> list[Sequence]:
         """`count` rows sampling problem `index` of `split`, each with its thinking budget (length control)."""
         ids = self.tok.encode(self.task.problem(split, index).prompt, add_special_tokens=False)
         return [Sequence(prompt_index=index, batch=batch, prompt_ids=ids,
@@ -224,10 +225,10 @@ class Pipeline:
     def _rollouts(self, prompts: list[int], rows: list[Sequence]) -> Rollouts:
         order = {index: position for position, index in enumerate(prompts)}
         rows = sorted(rows, key=lambda r: order[r.prompt_index])  # stable: a prompt's G samples stay in order
-        correct = torch.tensor([self._passed("train", r) for r in rows], device=torch.device("cpu"))
+        correct = torch.tensor([self.passed("train", r) for r in rows], device=torch.device("cpu"))
         return assemble(rows, correct, group=[order[r.prompt_index] for r in rows], pad_id=self.tok.pad_token_id)
 
-    def _passed(self, split: str, row: Sequence) -> bool:
+    def passed(self, split: str, row: Sequence) -> bool:
         """The row's final answer is right (a truncated row never passes)."""
         ids = row.tokens[:-1] if row.tokens and row.tokens[-1] in self.engine.limits.stop_ids else row.tokens
         text = self.tok.decode(ids, skip_special_tokens=False)

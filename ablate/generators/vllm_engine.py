@@ -39,6 +39,7 @@ class VLLMEngine:
     """Same interface and row semantics as `Engine`, decoded by an in-process vLLM `LLMEngine`."""
 
     stages = False  # `load` takes the weights as it is given them
+    devices = 1  # one device: tensor parallelism runs in engine processes (remote.py), each its own device
 
     def __init__(self, model_path: str, limits: Limits, *, head_dtype: torch.dtype, temperature: float, pad_id: int,
                  seed: int, version: int = 0, gpu_memory_utilization: float = 0.5, kv_cache_bytes: int | None = None,

@@ -1,0 +1,116 @@
+"""What every generator gives the trainer, and what an engine gives the pipeline that drives it.
+
+A generator option (`conf/generator/*.yaml`) names a class that implements `Generator`: the trainer builds it as
+`build(cfg.generator, cfg=cfg, task=task, sampler=sampler, policy=weights)` and calls only what is written here.
+What the config checks need before anything is built (may it run engines in processes of their own?) is the class's
+`capabilities`, read through `capabilities(cfg.generator)`. Why the contract has this shape: docs/design.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+import torch
+from omegaconf import DictConfig
+
+if TYPE_CHECKING:
+    from ablate.compute import Clock
+    from ablate.generators.engine import Limits, Sequence
+    from ablate.rollouts import Rollouts
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a generator option can do, known before it is built (the config checks read it before submit)."""
+
+    samples_policy: bool = True  # its rollouts come from the policy (False: a simulator; no warm start, no gap)
+    engine_processes: bool = False  # its engines can decode in processes of their own (run.generator_gpus > 0)
+
+
+class Generator(Protocol):
+    """The trainer's side of generation. Subclass it (the methods a generator has no use for are no-ops here).
+
+    Step numbering is the trainer's: `batch(s)` is optimizer step s's rollouts; `publish(weights, s)` hands over the
+    weights after step s; `validate(compute, step=s)` is the pass rate the run logs at step s.
+    """
+
+    capabilities: ClassVar[Capabilities] = Capabilities()
+    clock: Clock  # the run's device-hours per step (ablate/compute.py)
+
+    def batch(self, step: int, compute: float) -> Rollouts:
+        """Optimizer step `step`'s rollouts, `compute` device-hours into the run; blocks until they are complete."""
+        ...
+
+    def validate(self, compute: float, *, policy, step: int) -> float:
+        """The validation pass rate of `policy` (a module or ablate.parallel.Weights) at step `step`."""
+        ...
+
+    def publish(self, policy, version: int) -> None:
+        """The weights after optimizer step `version`, for the generator to take as its off-policy rule allows."""
+
+    def reset_weights(self, policy, version: int) -> None:
+        """Take these weights now, whatever the rules (a resumed run starts from its checkpoint's policy)."""
+
+    def describe(self) -> dict:
+        """Params logged once with the run."""
+        return {}
+
+    def perf(self) -> dict:
+        """`perf/*` figures since the last call (one step)."""
+        return {}
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps to continue where the generator was."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from `state_dict()`'s output."""
+
+    def close(self) -> None:
+        """Stop threads and engine processes; the run is over."""
+
+
+def capabilities(node: DictConfig | Mapping) -> Capabilities:
+    """The capabilities of the generator option `node` (its `_target_`), read without building it."""
+    from hydra.utils import get_object
+
+    target = get_object(str(node["_target_"]))
+    if Generator not in getattr(target, "__mro__", ()):  # a Protocol: subclassed, not checked structurally
+        raise TypeError(f"generator={node.get('name', '?')}: {node['_target_']} does not implement "
+                        "ablate.generators.base.Generator")
+    return target.capabilities
+
+
+class Engine(Protocol):
+    """What the pipeline drives: a decoder of rows, one decode step per `step()`, whose weights change between
+    steps. Ours in torch (engine.py), vLLM's (vllm_engine.py), or a handle on engines in processes of their own
+    (remote.py), which `stages` weights: `stage` sends them now, `load(None, version)` takes what was staged."""
+
+    stages: ClassVar[bool]  # new weights go to a staging copy first (`stage`), then `load(None, version)` takes it
+    limits: Limits
+    version: int  # the weights' version it decodes with
+    rng: object  # its sampling stream: get_state() / set_state()
+    waves: list  # the waves of rows in flight
+    weights_dtype: torch.dtype  # the dtype it keeps its weights in
+    devices: int  # the devices one decode step runs on (tokens/s are per device)
+
+    @property
+    def running(self) -> int:
+        """Rows still decoding."""
+        ...
+
+    def start(self, rows: list[Sequence]) -> None:
+        """Start decoding `rows` (one wave)."""
+
+    def step(self) -> list[Sequence]:
+        """One decode step of every wave in flight; returns the rows that ended."""
+        ...
+
+    def load(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | None,
+             version: int) -> None:
+        """Decode with these weights from the next step on (None: the staged copy)."""
+
+    def close(self) -> None:
+        """Free the engine (and its processes)."""

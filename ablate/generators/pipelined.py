@@ -1,0 +1,129 @@
+"""The generator of every option that decodes with an engine: the pipeline (pipeline.py) driving the engine its
+option makes (generator=hf: ours in torch; generator=vllm: vLLM's), in this process or in engine processes of
+their own (remote.py), plus validation and the run's compute clock (ablate/compute.py).
+
+An option is this class given its engine maker: `make_engine(generator, weights) -> Engine`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from ablate import parallel
+from ablate.compute import clock_for
+from ablate.generators.base import Capabilities, Engine, Generator
+from ablate.generators.engine import Engine as TorchEngine
+from ablate.generators.engine import Limits, decode
+from ablate.generators.pipeline import Pipeline
+from ablate.generators.remote import RemoteEngine
+from ablate.policy import compute_dtype
+from ablate.registry import build
+from ablate.rollouts import Rollouts
+from ablate.tasks.base import THINK_END
+
+
+def limits_for(cfg: DictConfig, tokenizer, length_control) -> Limits:
+    think_end = tokenizer.convert_tokens_to_ids(THINK_END)
+    phrase = length_control.phrase
+    return Limits(
+        max_think_tokens=int(cfg.generation.max_think_tokens), max_answer_tokens=int(cfg.generation.max_answer_tokens),
+        stop_ids=(tokenizer.eos_token_id,),
+        think_end_id=think_end if think_end != tokenizer.unk_token_id else None,
+        phrase_ids=tuple(tokenizer.encode(phrase, add_special_tokens=False)) if phrase else ())
+
+
+def head_dtype(cfg: DictConfig) -> torch.dtype:
+    """The precision option's head dtype when it applies to the generator side, else the model's dtype."""
+    return getattr(torch, cfg.precision.head_dtype if cfg.precision.generator_side else cfg.model.dtype)
+
+
+class PipelineGenerator(Generator):
+    """Rollouts from an engine the pipeline drives by the off-policy rules; validation on the trainer's policy."""
+
+    capabilities = Capabilities(samples_policy=True, engine_processes=True)
+
+    def __init__(self, make_engine: Callable[[PipelineGenerator, parallel.Weights], Engine], max_waves: int,
+                 concurrent: bool, val_wave_rows: int, *, cfg: DictConfig, task, sampler,
+                 policy: torch.nn.Module | parallel.Weights, **_: object):
+        self.cfg, self.task = cfg, task
+        self.max_waves, self.val_wave_rows = max_waves, val_wave_rows
+        length_control = build(cfg.length_control)
+        self.limits = limits_for(cfg, task.tokenizer, length_control)
+        self.engine_args = {"head_dtype": head_dtype(cfg), "compute_dtype": compute_dtype(cfg.model),
+                            "temperature": float(cfg.generation.temperature), "pad_id": task.tokenizer.pad_token_id}
+        self.engines_apart = int(cfg.run.get("generator_gpus", 0)) > 0  # engine processes of their own
+        engine = make_engine(self, parallel.weights_of(policy))
+        off_policy = build(cfg.off_policy)
+        self.pipeline = Pipeline(engine, task, sampler, off_policy, length_control,
+                                 prompts_per_step=int(cfg.batch.prompts_per_step),
+                                 samples_per_prompt=int(cfg.batch.samples_per_prompt), max_waves=max_waves,
+                                 max_think_tokens=int(cfg.generation.max_think_tokens), concurrent=concurrent,
+                                 seed=cfg.seed)
+        self.engine = engine
+        self.clock = clock_for(cfg.train, parallel.devices_held(engine.device), off_policy)
+
+    # ------------------------------------------------------------------------------------------------- engines
+    def local_engine(self, weights: parallel.Weights) -> TorchEngine:
+        """Our torch engine in this process, on its own copy of the policy in the compute dtype."""
+        model = copy.deepcopy(weights.module()).to(self.engine_args["compute_dtype"]).eval()
+        return TorchEngine(model, self.limits, seed=self.cfg.seed, **self.engine_args)
+
+    def remote_engine(self, weights: parallel.Weights, **how) -> RemoteEngine:
+        """Rank 0's handle on the engine processes, streamed `weights`; `how`: RemoteEngine's build and
+        tensor_parallel (default: our engine, one process each)."""
+        model = OmegaConf.to_container(self.cfg.model, resolve=True)
+        return RemoteEngine(model, self.limits, weights, seed=self.cfg.seed, **how, **self.engine_args)
+
+    # ------------------------------------------------------------------------------------------------ contract
+    def batch(self, step: int, compute: float = 0.0) -> Rollouts:
+        return self.pipeline.batch(step, compute)
+
+    def publish(self, policy, version: int) -> None:
+        self.pipeline.publish(policy, version)
+
+    def reset_weights(self, policy, version: int) -> None:
+        self.pipeline.reset_weights(policy, version)
+
+    def perf(self) -> dict:
+        return self.pipeline.perf()
+
+    def state_dict(self) -> dict:
+        return self.pipeline.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pipeline.load_state_dict(state)
+
+    def close(self) -> None:
+        self.pipeline.close()
+
+    def describe(self) -> dict:
+        """The devices the job holds, and the weights one decoding device holds (the whole model's, or a
+        tensor-parallel rank's share)."""
+        return {"generator.devices": parallel.devices_held(self.engine.device),
+                "generator.params_per_gpu": self.engine.params}
+
+    def validate(self, compute: float, *, policy: torch.nn.Module | parallel.Weights, step: int) -> float:
+        """mean@k pass rate over the validation split: k = task.val_samples samples per prompt, sampled from the
+        trainer's current policy with the run's generation settings (seeded by the step: reproducible). Engines in
+        processes of their own sample it there, from the weights just published to them; otherwise this process
+        samples the policy itself."""
+        task, k = self.task, int(self.cfg.task.val_samples)
+        seed = self.cfg.seed * 1_000_003 + step
+        rng = np.random.default_rng([self.cfg.seed, step, 11])
+        pipeline = self.pipeline
+        rows = [row for index in range(task.size("val")) for row in pipeline.rows("val", index, 0, k, rng)]
+        if self.engine.stages:
+            self.engine.decode_staged(rows, seed, self.max_waves, self.val_wave_rows)
+        else:
+            module = parallel.weights_of(policy).module()
+            was_training = module.training
+            module.eval()
+            decode(TorchEngine(module, self.limits, seed=seed, **self.engine_args), rows, self.max_waves,
+                   self.val_wave_rows)
+            module.train(was_training)
+        return float(np.mean([pipeline.passed("val", r) for r in rows]))

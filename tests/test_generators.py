@@ -1,0 +1,66 @@
+"""The generator contract (ablate/generators/base.py): every option implements it, the config checks and the trainer
+read capabilities through it, and what a generator has no use for comes from it rather than being written again."""
+
+from __future__ import annotations
+
+import pytest
+
+from ablate.compute import ReferenceClock, WallClock
+from ablate.config import check_run, compose
+from ablate.generators.base import Capabilities, Generator, capabilities
+from ablate.generators.mock import MockGenerator, SimulatedClock
+from ablate.generators.pipelined import PipelineGenerator
+from ablate.registry import build
+from ablate.trainer import PromptSampler
+
+
+@pytest.mark.parametrize("option, expected", [
+    ("hf", Capabilities(samples_policy=True, engine_processes=True)),
+    ("vllm", Capabilities(samples_policy=True, engine_processes=True)),
+    ("mock", Capabilities(samples_policy=False, engine_processes=False)),
+])
+def test_every_generator_option_declares_its_capabilities_through_the_contract(option, expected):
+    assert capabilities(compose([f"generator={option}"]).generator) == expected
+
+
+def test_a_target_that_does_not_implement_the_contract_is_named():
+    with pytest.raises(TypeError, match=r"generator=odd: ablate.trainer.PromptSampler does not implement "
+                                        r"ablate.generators.base.Generator"):
+        capabilities({"name": "odd", "_target_": "ablate.trainer.PromptSampler"})
+
+
+def test_engine_processes_are_refused_for_a_generator_that_has_none():
+    cfg = compose(["generator=mock", "run.generator_gpus=1"])
+    with pytest.raises(ValueError, match="generator=mock has no engine that runs in a process of its own"):
+        check_run(cfg)
+    check_run(compose(["generator=hf", "run.generator_gpus=1"]))  # hf has
+
+
+def test_the_mock_takes_what_it_has_no_use_for_from_the_contract():
+    """No weights, no engine, no perf figures: the contract's no-ops, not copies of them."""
+    for method in ("publish", "reset_weights", "perf", "close"):
+        assert getattr(MockGenerator, method) is getattr(Generator, method), method
+    assert "publish" not in vars(MockGenerator)
+
+
+def _built(*overrides: str):
+    from ablate.policy import build_policy, build_tokenizer
+
+    cfg = compose(["task.n_train_prompts=16", "task.n_val_prompts=4", *overrides])
+    tok = build_tokenizer(cfg.model)
+    task = build(cfg.task, tokenizer=tok, seed=cfg.seed)
+    sampler = PromptSampler(task.size("train"), cfg.seed, build(cfg.filtering))
+    return build(cfg.generator, cfg=cfg, task=task, sampler=sampler, policy=build_policy(cfg.model, cfg.seed, tok))
+
+
+def test_the_run_clock_is_the_generators_and_the_config_picks_it():
+    """Compute accounting lives in ablate/compute.py: wall-clock device-hours, or FLOPs at a reference throughput
+    (train.reference_tflops), or the mock's simulated budget."""
+    wall = _built("generator=hf", "train.reference_tflops=0")
+    assert isinstance(wall, PipelineGenerator) and isinstance(wall.clock, WallClock)
+    assert wall.clock.gpu_hours(1, None, wall_seconds=7200.0, flops=None) == pytest.approx(2.0 * wall.clock.devices)
+    wall.close()
+    reference = _built("generator=hf", "train.reference_tflops=1")
+    assert isinstance(reference.clock, ReferenceClock)
+    reference.close()
+    assert isinstance(_built("generator=mock").clock, SimulatedClock)
