@@ -150,6 +150,10 @@ def check_run(cfg: DictConfig) -> None:
     allocation cannot hold (before any run is created or job submitted)."""
     from hydra.utils import get_object
 
+    from ablate.generators.base import capabilities
+    from ablate.rl.checks import warn_on_pairing
+
+    warn_on_pairing(cfg.loss, cfg.aggregation)  # GSPO x a length-weighted aggregation: a warning, once
     run, launcher = cfg.run, cfg.launcher
     n, g = int(run.trainer_gpus), int(run.get("generator_gpus", 0))
     least, most = getattr(get_object(run._target_), "ranks", (1, None))
@@ -161,7 +165,7 @@ def check_run(cfg: DictConfig) -> None:
     if g < 0:
         raise ValueError(f"run.generator_gpus={g}: 0 (the engine in trainer rank 0's process) or more (engine "
                          "processes of their own)")
-    if g and not getattr(get_object(cfg.generator._target_), "engine_process", False):
+    if g and not capabilities(cfg.generator).engine_processes:
         raise ValueError(f"run.generator_gpus={g}: generator={cfg.generator.name} has no engine that runs in a "
                          "process of its own (generator=hf and generator=vllm have)")
     tp = int(cfg.generator.get("tensor_parallel_size", 1))
