@@ -65,7 +65,16 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> str:
             raise TrackingUnavailable(f"the folder of the MLflow database {uri} does not exist: {folder}")
         if not os.access(folder, os.W_OK):
             raise TrackingUnavailable(f"the folder of the MLflow database {uri} is not writable: {folder}")
-    client(uri).search_experiments(max_results=1)  # creates and migrates a new sqlite database here, once
+    try:
+        client(uri).search_experiments(max_results=1)  # creates and migrates a new sqlite database here, once
+    except Exception as err:  # noqa: BLE001 - a refusal of the credentials is said in one line; the rest as is
+        said = f"{err} {getattr(err, 'error_code', '')}"
+        refused = re.search(r"\b(401|403)\b|UNAUTHENTICATED|PERMISSION_DENIED", said)
+        if refused is None:
+            raise
+        raise TrackingUnavailable(
+            f"MLflow tracking server {uri} refused this user ({refused.group(0)}): set MLFLOW_TRACKING_USERNAME and "
+            "MLFLOW_TRACKING_PASSWORD to an account with access (docs/cluster.md)") from None
     return uri
 
 

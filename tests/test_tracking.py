@@ -52,6 +52,34 @@ def test_a_dead_tracking_server_is_reported_fast_and_clearly():
     assert time.monotonic() - started < 5
 
 
+def test_a_server_that_refuses_the_user_is_reported_in_one_line():
+    """A server behind MLflow's basic-auth app answers /health to anyone and 401 to an unknown user's API call."""
+    import http.server
+    import threading
+
+    class Guarded(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            status, body = (200, b"OK") if self.path == "/health" else (401, b"You are not authenticated.")
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Guarded)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(tracking.TrackingUnavailable, match=r"refused this user \(401\): set "
+                                                                r"MLFLOW_TRACKING_USERNAME"):
+            tracking.check_reachable(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=2)
+    finally:
+        server.shutdown()
+
+
 def test_a_missing_database_folder_is_reported(tmp_path):
     with pytest.raises(tracking.TrackingUnavailable, match="does not exist"):
         tracking.check_reachable(f"sqlite:///{tmp_path}/nope/mlflow.db")

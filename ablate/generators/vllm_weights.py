@@ -1,33 +1,7 @@
-"""Weights from the trainer to an in-process vLLM engine, through vLLM's weight-transfer API.
-
-vLLM's protocol (vllm/distributed/weight_transfer, in 0.26 and 0.32 alike; docs.vllm.ai training/weight_transfer):
-`init_weight_transfer_engine` once, then per update `start_weight_update` -> `update_weights` (one call per chunk)
--> `finish_weight_update`, each a method of every worker, reached by `collective_rpc`. On the worker a
-`WeightTransferEngine` backend, chosen by `WeightTransferConfig(backend=...)`, receives the chunks; its start and
-finish run vLLM's layerwise reload (vllm/model_executor/model_loader/reload): weights arrive in checkpoint format
-(Hugging Face names, q/k/v and gate/up unfused), each layer is re-processed once all its weights are in (the CPU
-backend repacks its linear layers there, which is why writing into `model.load_weights` directly fails on CPU),
-and the results are copied back into the original storage, so compiled graphs and CUDA graphs stay valid. That is
-what vLLM's own `ipc` and `nccl` backends do.
-
-What differs is the transport. vLLM's built-in ones move tensors between processes: `nccl` broadcasts them,
-`ipc` passes CUDA IPC handles (CUDA only, and for another process on the same GPU). Our engine lives in the
-trainer's own process (vllm_engine.py), so the transport is the tensors themselves: backend `ablate_inproc`,
-registered in vLLM's `WeightTransferEngineFactory` (its extension point for custom engines), hands the trainer's
-tensors to the model's weight loaders, with no copy and no serialization, on the CPU and on a GPU alike. The
-trainer side, `InProcessSender.send_weights`, is the trainer engine of that backend: it walks the weights one
-decoder layer at a time (an FSDP-sharded parameter is gathered by its `full_tensor()` when its layer is sent,
-never the whole model at once) and drives the four calls through a client shaped like vLLM's
-`VLLMWeightSyncClient`.
-
-Engine processes (run.generator_gpus > 0) with generator.weight_transfer=direct take the weights the same way with
-another transport: backend `ablate_group` receives each tensor from the job's weights group (ablate/parallel.py:
-the process group rank 0 and the engine processes share, NCCL on GPUs and gloo on the CPU) into a buffer on the
-engine's device and hands it to the same loaders, one decoder layer at a time, as vLLM's `nccl` backend does with
-its own communicator (its unpacked path); rank 0 broadcasts them as they are gathered from the trainer's shards
-(generators/remote.py: `RemoteEngine.stage`). One process group for the trainer-engine traffic whatever the
-device, so the path that runs on GPUs is the one CI runs on the CPU; vLLM's `nccl` backend (PyNccl, CUDA only)
-would need a second rendezvous beside it.
+"""Weights from the trainer into vLLM through vLLM's weight-transfer API (start, update per chunk, finish, with
+its layerwise reload): backend `ablate_inproc` hands an in-process engine the trainer's tensors, one decoder layer
+at a time; backend `ablate_group` receives them over the job's weights group in engine processes
+(generator.weight_transfer=direct). How and why: docs/design.md#weight-transfer-into-vllm.
 """
 
 from __future__ import annotations

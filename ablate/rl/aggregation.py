@@ -9,7 +9,7 @@ a batch with no unmasked token gives 0. Being linear in per_token, an aggregatio
 weights: `token_weights` recovers them, so micro-batches with gradient accumulation reproduce the whole batch's
 gradient exactly (the trainer uses this).
 
-The trap (shared/notes/peers.md): prompt_mean equals sample_mean only when all samples of a prompt have the same
+The trap (docs/peers.md): prompt_mean equals sample_mean only when all samples of a prompt have the same
 length. One prompt, two samples of lengths 1 and 3 with per-token losses a and b: sample_mean (a + b) / 2,
 prompt_mean (a + 3b) / 4.
 
