@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from hydra import compose as hydra_compose
@@ -109,100 +108,3 @@ def flatten(container: Any, prefix: str = "") -> dict[str, Any]:
         else:
             flat[name] = value
     return flat
-
-
-def check_model(model: DictConfig) -> None:
-    """Fail at once, in one line, when model.path names no model that loads (before any run is created): a local
-    folder needs a config.json that transformers reads; any other name is looked up on the Hugging Face hub (or in
-    its local cache)."""
-    if not model.path:
-        return
-    import transformers
-
-    path = Path(str(model.path)).expanduser()
-    looks_local = path.is_absolute() or str(model.path).startswith((".", "~")) or path.exists()
-    if looks_local and not path.is_dir():
-        raise ValueError(f"model.path={model.path}: no such folder")
-    if looks_local and not (path / "config.json").is_file():
-        raise ValueError(f"model.path={model.path}: the folder has no config.json (tried {path / 'config.json'})")
-    try:
-        transformers.AutoConfig.from_pretrained(str(path) if looks_local else str(model.path))
-    except Exception as why:  # noqa: BLE001 - whatever transformers raises, said in one line
-        where = f"its config.json ({path / 'config.json'})" if looks_local else \
-            "not a local folder, and the Hugging Face hub (or its cache) gave no model of that name"
-        reason = str(why).strip().splitlines()[0] if str(why).strip() else type(why).__name__
-        raise ValueError(f"model.path={model.path}: {where}: {reason}") from None
-
-
-def check_compute(train: DictConfig) -> None:
-    """Fail at once, in one line, on a reference layout the clock cannot use (before any run is created)."""
-    from ablate.compute import check_layout
-
-    layout = train.get("reference_layout")
-    check_layout(layout)
-    if layout is not None and not train.reference_tflops > 0:
-        raise ValueError(f"train.reference_layout={list(layout)} needs train.reference_tflops > 0 (the layout places "
-                         f"FLOPs counted at that throughput; with 0, compute is wall-clock time and has no layout)")
-
-
-def check_run(cfg: DictConfig) -> None:
-    """Fail at once, in one line naming the numbers, on a trainer layout (`run`) its own option or the launcher's
-    allocation cannot hold (before any run is created or job submitted)."""
-    from hydra.utils import get_object
-
-    from ablate.generators.base import capabilities
-    from ablate.rl.checks import warn_on_pairing
-
-    warn_on_pairing(cfg.loss, cfg.aggregation)  # GSPO x a length-weighted aggregation: a warning, once
-    run, launcher = cfg.run, cfg.launcher
-    n, g = int(run.trainer_gpus), int(run.get("generator_gpus", 0))
-    least, most = getattr(get_object(run._target_), "ranks", (1, None))
-    if n < least or (most is not None and n > most):
-        holds = f"exactly {least}" if least == most else f"at least {least}"
-        raise ValueError(f"run={run.name} with run.trainer_gpus={n}: this layout takes {holds} trainer rank"
-                         f"{'s' if least > 1 else ''}" + (" (one rank is run=one_process)" if least > 1 else
-                                                           " (more are run=fsdp)"))
-    if g < 0:
-        raise ValueError(f"run.generator_gpus={g}: 0 (the engine in trainer rank 0's process) or more (engine "
-                         "processes of their own)")
-    if g and not capabilities(cfg.generator).engine_processes:
-        raise ValueError(f"run.generator_gpus={g}: generator={cfg.generator.name} has no engine that runs in a "
-                         "process of its own (generator=hf and generator=vllm have)")
-    tp = int(cfg.generator.get("tensor_parallel_size", 1))
-    if tp < 1:
-        raise ValueError(f"generator.tensor_parallel_size={tp}: 1 or more GPUs per engine")
-    if tp > 1 and (g == 0 or g % tp):
-        raise ValueError(f"generator.tensor_parallel_size={tp} with run.generator_gpus={g}: each engine takes {tp} "
-                         f"GPUs in processes of their own, so run.generator_gpus must be a multiple of {tp}")
-    transfer = cfg.generator.get("weight_transfer", "staged")
-    if transfer not in ("staged", "direct"):
-        raise ValueError(f"generator.weight_transfer={transfer}: staged or direct")
-    if transfer == "direct":
-        from ablate.registry import build
-
-        if g == 0:
-            raise ValueError("generator.weight_transfer=direct sends the weights to engine processes, and "
-                             "run.generator_gpus=0 has none (the engine shares the trainer's process)")
-        if not build(cfg.off_policy).loads_on_arrival:
-            raise ValueError(f"generator.weight_transfer=direct takes each step's weights as they arrive, "
-                             f"mid-generation; off_policy={cfg.off_policy.name} (in_flight="
-                             f"{cfg.off_policy.get('in_flight')}) holds them back: use "
-                             "generator.weight_transfer=staged")
-    from ablate.parallel import layout_name
-
-    layout, nodes = layout_name(n, g), int(launcher.nodes)
-    if launcher.gpus_per_node > 0:
-        held = nodes * int(launcher.gpus_per_node)
-        if n + g > held:
-            raise ValueError(f"{layout} does not fit the job: launcher.nodes={launcher.nodes} x "
-                             f"launcher.gpus_per_node={launcher.gpus_per_node} = {held} GPUs")
-    if (n + g) % nodes:  # each node starts the same number of processes (ablate/parallel.py: launch)
-        raise ValueError(f"{layout} = {n + g} processes do not spread evenly over launcher.nodes={nodes}")
-    per_node = (n + g) // nodes
-    if tp > 1 and nodes > 1 and (n % tp or per_node % tp):  # engine k: processes n + k tp .. on one node
-        raise ValueError(f"generator.tensor_parallel_size={tp}: an engine's GPUs must share a node, so "
-                         f"run.trainer_gpus={n} and the {per_node} processes a node must be multiples of {tp}")
-    cluster = getattr(launcher.cluster, "value", launcher.cluster)  # an enum in a composed config, a str in a plain one
-    if nodes > 1 and cluster in ("local", "debug"):
-        raise ValueError(f"launcher.nodes={nodes} needs SLURM (launcher=slurm): launcher={cluster} runs on this "
-                         "machine alone")

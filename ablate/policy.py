@@ -104,7 +104,7 @@ def completion_logprobs(model: torch.nn.Module, prompt_tokens: torch.Tensor, pro
 
 class Scorer(torch.nn.Module):
     """`completion_logprobs` of a model with its head, as a module: what a data-parallel wrapper (FSDP2,
-    ablate/parallel.py) wraps, so that its hooks gather every weight the log-probs use, the LM head included (the
+    ablate/distributed/layouts.py) wraps, so that its hooks gather every weight the log-probs use, the LM head included (the
     head is applied from its weight, not by calling the LM head module). Holds the model as `model`."""
 
     def __init__(self, model: torch.nn.Module, head: Callable, temperature: float = 1.0,

@@ -20,7 +20,8 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 
 from ablate import tracking
-from ablate.config import check_compute, check_model, check_run, compose, merge_overrides, override_key, signature
+from ablate.checks import check_compute, check_model, check_run
+from ablate.config import compose, merge_overrides, override_key, signature
 from ablate.progress import SweepDisplay, StepBar
 from ablate.sweeps import Variant
 from launch.status import ALIVE, job_states
@@ -104,11 +105,11 @@ def run_single(cfg: DictConfig, overrides: Sequence[str]) -> int:
     else:
         run_id = tracking.create_variant_run(client, exp_id, p.variant.name, variant_tags(p, "none"))
         print(f"{p.variant.name}: MLflow run {run_id} in experiment '{cfg.tracking.experiment}' at {uri}")
-    from ablate import parallel
+    from ablate import processes
     from ablate.trainer import train
 
     config = OmegaConf.create(job_config(p.cfg))
-    state = parallel.launch(config, train, config, run_id, uri, progress=StepBar(p.variant.name))
+    state = processes.launch(config, train, config, run_id, uri, progress=StepBar(p.variant.name))
     if state.diverged:
         print(f"diverged at step {state.step + 1}: the run is marked ablate.diverged=true and FAILED")
         return 1

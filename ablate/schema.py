@@ -260,7 +260,7 @@ class Cluster(str, Enum):
 
 @dataclass
 class Run:
-    """How a run's trainer spreads over processes (ablate/parallel.py): one process, or FSDP over trainer ranks."""
+    """How a run's trainer spreads over processes (ablate/distributed/layouts.py): one process, or FSDP over trainer ranks."""
 
     name: str = MISSING
     _target_: str = MISSING

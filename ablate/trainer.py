@@ -27,13 +27,14 @@ from omegaconf import DictConfig, OmegaConf
 from ablate.compute import StepFlops
 from ablate.config import flatten
 from ablate.generators.base import capabilities
-from ablate.parallel import SHARDS, OneProcess, Weights
+from ablate.distributed.groups import Groups
+from ablate.distributed.layouts import SHARDS, OneProcess, Weights
 from ablate.policy import Scorer, build_policy, build_tokenizer, compute_dtype
 from ablate.registry import build
 from ablate.rl.aggregation import token_weights
 from ablate.rollouts import Rollouts
 from ablate.tasks.base import PromptsExhausted
-from ablate.tasks.warm_start import cached_warm_start
+from ablate.warm_start import cached_warm_start
 from ablate.tracking import RunLogger
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ class Learner:
     the whole batch's gradient exactly, however the rows are grouped: rows are grouped by length
     (`micro_batches`) and each micro-batch is cut to its own longest row, so no compute goes to padding beyond it.
     The weights and AdamW's state are fp32; the decoder computes in `model.dtype` (ablate/policy.py).
-    `ranks` spreads the rows and the weights over trainer processes (ablate/parallel.py: OneProcess, the default,
+    `ranks` spreads the rows and the weights over trainer processes (ablate/distributed/layouts.py: OneProcess, the default,
     or FSDP); the weights, advantages and loss are the whole batch's on any number of them.
     `train/logprob_gap`: the mean |log pi_train - log pi_gen| over the trained tokens of the rows the generator sampled
     wholly with the weights this step scores (their version; absent when there are none): what the generator's
@@ -78,7 +79,7 @@ class Learner:
 
     def weights(self) -> Weights:
         """The current weights as the generator and validation take them: streamed from the shards, or whole
-        (ablate/parallel.py: Weights); taken after this step, before the next."""
+        (ablate/distributed/layouts.py: Weights); taken after this step, before the next."""
         return Weights(self.ranks, self.policy)
 
     def step(self, ro: Rollouts, rewards: torch.Tensor, keep: torch.Tensor) -> dict:
@@ -278,7 +279,7 @@ class Checkpoint:
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
-        for shards in self.path.parent.glob(SHARDS.format(tag="*")):  # FSDP's learner shards (ablate/parallel.py)
+        for shards in self.path.parent.glob(SHARDS.format(tag="*")):  # FSDP's learner shards (ablate/distributed/layouts.py)
             shutil.rmtree(shards, ignore_errors=True)
 
     def load(self, state: RunState, learner: Learner, sampler: PromptSampler, generator) -> bool:
@@ -322,8 +323,10 @@ def _one_ctrl_c(fn):
 
 
 @_one_ctrl_c
-def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress | None = None) -> RunState:
+def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress | None = None,
+          groups: Groups | None = None) -> RunState:
     """Run one variant to the end, logging to the MLflow run `run_id`; resume it from its checkpoint if it has one.
+    `groups`: this process's process groups in a job of several (ablate/processes.py hands them in).
 
     Returns the final state. A non-finite loss ends the run cleanly: tag ablate.diverged=true, status FAILED.
     """
@@ -334,7 +337,7 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
         print(f"run {run_id} is already FINISHED: nothing to do", file=sys.stderr, flush=True)
         return RunState(step=cfg.train.steps)
     with _run_ends(tracker):
-        run = _Run(cfg, run_id, tracker, folder)
+        run = _Run(cfg, run_id, tracker, folder, groups if groups is not None else Groups())
         with PreemptionNotice() as notice:  # a USR2 after the last step only waits: the run ends as it is
             with _closing(run.generator):
                 run.train(notice, progress)
@@ -380,7 +383,7 @@ def _closing(generator):
 class _Run:
     """One run's parts, built from its config (resumed from its checkpoint when it has one), and its loop."""
 
-    def __init__(self, cfg: DictConfig, run_id: str, tracker: RunLogger, folder: Path):
+    def __init__(self, cfg: DictConfig, run_id: str, tracker: RunLogger, folder: Path, groups: Groups):
         self.cfg, self.run_id, self.tracker = cfg, run_id, tracker
         self.samples_policy = capabilities(cfg.generator).samples_policy  # False: a simulator (the mock)
         tokenizer = build_tokenizer(cfg.model)
@@ -393,7 +396,7 @@ class _Run:
                               lr=cfg.task.warm_start_lr, batch_size=cfg.task.warm_start_batch,
                               compute_dtype=compute_dtype(cfg.model))
         self.prompt_filter, self.length_control = build(cfg.filtering), build(cfg.length_control)
-        self.learner = Learner(cfg, policy, ranks=build(cfg.run))
+        self.learner = Learner(cfg, policy, ranks=build(cfg.run, groups=groups))
         self.sampler = PromptSampler(task.size("train"), cfg.seed, self.prompt_filter, more=task.more_train)
         self.generator = build(cfg.generator, cfg=cfg, task=task, sampler=self.sampler, policy=self.learner.weights())
         self.checkpoint = Checkpoint(folder)

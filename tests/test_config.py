@@ -138,7 +138,7 @@ def test_a_reference_layout_the_clock_cannot_use_fails_in_one_line_before_any_ru
 
 
 def test_a_model_folder_that_loads_passes_the_check(tmp_path):
-    from ablate.config import check_model
+    from ablate.checks import check_model
     from ablate.policy import build_policy, build_tokenizer
 
     cfg = compose([])

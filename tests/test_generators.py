@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from ablate.compute import ReferenceClock, WallClock
-from ablate.config import check_run, compose
+from ablate.checks import check_run
+from ablate.config import compose
 from ablate.generators.base import Capabilities, Generator, capabilities
 from ablate.generators.mock import MockGenerator, SimulatedClock
 from ablate.generators.pipelined import PipelineGenerator

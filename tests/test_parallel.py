@@ -23,10 +23,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from ablate import parallel, tracking
+from ablate import processes, tracking
+from ablate.distributed import groups as process_groups
+from ablate.distributed import signals, topology
 from ablate.config import compose
 from ablate.generators.engine import Engine, Limits, Sequence, decode
-from ablate.parallel import OneProcess, _dealt
+from ablate.distributed.layouts import OneProcess, _dealt
 from ablate.policy import build_policy
 from ablate.registry import build
 from ablate.rl.aggregation import token_weights
@@ -118,7 +120,7 @@ def _synced(cfg, ranks) -> dict:
 def _rank(rank: int, init_file: str, configs: list, out: str) -> None:
     import torch.distributed as dist
 
-    from ablate.parallel import FSDP
+    from ablate.distributed.layouts import FSDP
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
@@ -238,18 +240,18 @@ def _engine_processes(rank: int, engines: int, init_file: str, out: str) -> None
 
     torch.set_num_threads(1)
     # no torch.distributed world: rank 0 and the engine processes meet in their own groups, through a store
-    parallel.connect_engines(dist.FileStore(init_file, 1 + engines), rank, trainers=1, engines=engines,
-                             backend="gloo")
+    groups = process_groups.connect(dist.FileStore(init_file, 1 + engines), rank, trainers=1, engines=engines,
+                                    backend="gloo")
     if rank > 0:
-        remote.serve()
-        parallel.disconnect_engines()
+        remote.serve(groups)
+        groups.shutdown()
     else:
         cfg = OmegaConf.create(_config("model.dtype=bfloat16"))
         limits = Limits(6, 4, (0,), None)
         args = {"head_dtype": torch.float32, "temperature": 1.0, "pad_id": 0, "compute_dtype": torch.bfloat16}
         policy = build_policy(cfg.model, cfg.seed)
-        there = remote.RemoteEngine(OmegaConf.to_container(cfg.model), limits, policy.state_dict(), seed=3,
-                                    **args)
+        there = remote.RemoteEngine(OmegaConf.to_container(cfg.model), limits, policy.state_dict(), groups=groups,
+                                    seed=3, **args)
         here = [Engine(copy.deepcopy(policy).to(torch.bfloat16), limits, seed=remote.engine_seed(3, i), **args)
                 for i in range(engines)]
         gen = torch.Generator().manual_seed(5)
@@ -283,7 +285,7 @@ def _engine_processes(rank: int, engines: int, init_file: str, out: str) -> None
                     "trainer": {n: remote.checksum(t.to(torch.bfloat16)) for n, t in new.items()},
                     "engines": checksums, "refused": refused, "version": there.version, "same_rng": same_rng},
                    out)
-        parallel.disconnect_engines()
+        groups.shutdown()
 
 
 class _EngineThatCannotClose(Engine):
@@ -303,21 +305,22 @@ def _closing(rank: int, init_file: str, out: str) -> None:
     from ablate.generators import remote
 
     torch.set_num_threads(1)
-    parallel.connect_engines(dist.FileStore(init_file, 2), rank, trainers=1, engines=1, backend="gloo")
+    groups = process_groups.connect(dist.FileStore(init_file, 2), rank, trainers=1, engines=1, backend="gloo")
     try:
         if rank == 1:
-            remote.serve()
+            remote.serve(groups)
             Path(out + ".engine").write_text("served")
         else:
             cfg = OmegaConf.create(_config())
             args = {"head_dtype": torch.float32, "temperature": 1.0, "pad_id": 0, "compute_dtype": torch.float32}
             policy = build_policy(cfg.model, cfg.seed)
             there = remote.RemoteEngine(OmegaConf.to_container(cfg.model), Limits(4, 4, (0,), None),
-                                        policy.state_dict(), seed=3, build=_engine_that_cannot_close, **args)
+                                        policy.state_dict(), groups=groups, seed=3, build=_engine_that_cannot_close,
+                                        **args)
             there.close()
             Path(out).write_text("closed")
     finally:
-        parallel.disconnect_engines()
+        groups.shutdown()
 
 
 def test_an_engine_process_whose_engine_fails_to_close_still_ends_with_the_job(tmp_path):
@@ -359,18 +362,19 @@ def _streamed(rank: int, init_file: str, out: str) -> None:
     import torch.distributed as dist
 
     from ablate.generators import remote
-    from ablate.parallel import FSDP
+    from ablate.distributed.layouts import FSDP
 
     torch.set_num_threads(1)
     if rank < 2:  # the trainer ranks' world; the engine process is not in it
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    parallel.connect_engines(dist.FileStore(f"{init_file}-engines", 3), rank, trainers=2, engines=1, backend="gloo")
+    groups = process_groups.connect(dist.FileStore(f"{init_file}-engines", 3), rank, trainers=2, engines=1,
+                                    backend="gloo")
     try:
         if rank == 2:
-            remote.serve()
+            remote.serve(groups)
         else:
             cfg = OmegaConf.create(_config("optim.lr=1e-3"))
-            ranks = FSDP(trainer_gpus=2, generator_gpus=1)
+            ranks = FSDP(trainer_gpus=2, generator_gpus=1, groups=groups)
             learner = Learner(cfg, ranks=ranks)
             learner.step(*_batch(cfg))
             if rank == 1:  # as `follow` would: the streams rank 0 takes below, and its second step
@@ -386,7 +390,8 @@ def _streamed(rank: int, init_file: str, out: str) -> None:
                 args = {"head_dtype": torch.float32, "temperature": 1.0, "pad_id": 0,
                         "compute_dtype": torch.float32}
                 weights = learner.weights()
-                engine = remote.RemoteEngine(OmegaConf.to_container(cfg.model), limits, weights, seed=3, **args)
+                engine = remote.RemoteEngine(OmegaConf.to_container(cfg.model), limits, weights, groups=groups, seed=3,
+                                             **args)
                 first = {n: remote.checksum(t) for n, t in learner.weights().stream()}
                 try:
                     weights.module()
@@ -408,7 +413,7 @@ def _streamed(rank: int, init_file: str, out: str) -> None:
                             "rows": {side: [vars(r) for r in rs] for side, rs in rows.items()}}, out)
                 engine.close()
     finally:
-        parallel.disconnect_engines()
+        groups.shutdown()
         if rank < 2:
             dist.barrier()
             dist.destroy_process_group()
@@ -433,7 +438,7 @@ def test_with_an_engine_process_the_weights_stream_from_the_shards_and_validatio
                                                                        abs=1e-5)
 
 
-def _ignores_the_warning_at_exit() -> str:
+def _ignores_the_warning_at_exit(groups) -> str:
     """Rank 0's work in the test below: at its process's exit, fail it (exit code 12) unless SLURM's warning is
     ignored there."""
     import atexit
@@ -452,10 +457,10 @@ def test_a_warning_as_the_ranks_exit_does_not_fail_a_finished_job():
     had one there was killed and the finished job reported failed (`trainer rank 0 failed: Signal 12`, seen on a
     2-rank + vLLM engine run warned at its last step). Every rank ignores it by then."""
     cfg = OmegaConf.create(_config("run=fsdp"))
-    assert parallel.launch(cfg, _ignores_the_warning_at_exit) == "done"
+    assert processes.launch(cfg, _ignores_the_warning_at_exit) == "done"
 
 
-def _never_reached() -> str:
+def _never_reached(groups) -> str:
     return "ran"
 
 
@@ -477,7 +482,7 @@ def test_a_warning_while_the_ranks_start_requeues_the_job_instead_of_killing_the
 
     def warn_as_the_ranks_appear() -> None:  # as SLURM does: the job's every process
         while not stop.is_set() and len(warned) < 2:
-            for pid in set(parallel._ranks_started_here()) - warned:
+            for pid in set(signals.ranks_started_here()) - warned:
                 if not warned:
                     os.kill(os.getpid(), signal.SIGUSR2)
                 os.kill(pid, signal.SIGUSR2)
@@ -492,7 +497,7 @@ def test_a_warning_while_the_ranks_start_requeues_the_job_instead_of_killing_the
     sender.start()
     try:
         with pytest.raises(Requeued):
-            parallel.launch(cfg, _never_reached)
+            processes.launch(cfg, _never_reached)
     finally:
         stop.set()
         sender.join()
@@ -501,7 +506,7 @@ def test_a_warning_while_the_ranks_start_requeues_the_job_instead_of_killing_the
     assert signal.SIGUSR2 not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
 
 
-def _exits_with_code_3() -> None:
+def _exits_with_code_3(groups) -> None:
     os._exit(3)
 
 
@@ -509,7 +514,7 @@ def test_a_rank_that_exits_with_a_code_is_named_with_it():
     """No Python error to quote (torch's own message is then a link to its docs): the rank and its exit code."""
     cfg = OmegaConf.create(_config("run=fsdp"))
     with pytest.raises(RuntimeError, match=r"^trainer rank 0 failed: it exited with code 3 \(its log: above\)$"):
-        parallel.launch(cfg, _exits_with_code_3)
+        processes.launch(cfg, _exits_with_code_3)
 
 
 def test_gpu_ranks_beyond_the_machines_cuda_devices_are_one_clear_error(monkeypatch):
@@ -520,7 +525,7 @@ def test_gpu_ranks_beyond_the_machines_cuda_devices_are_one_clear_error(monkeypa
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     started = []
     with pytest.raises(ValueError, match=r"run.trainer_gpus=2: this node has 1 CUDA device\(s\)"):
-        parallel.launch(cfg, started.append, "trainer")
+        processes.launch(cfg, lambda who, groups: started.append(who), "trainer")
     assert started == []
 
 
@@ -674,7 +679,7 @@ BAD_LAYOUTS = [
 
 @pytest.mark.parametrize("overrides,message", BAD_LAYOUTS, ids=[" ".join(o) for o, _ in BAD_LAYOUTS])
 def test_a_layout_that_cannot_run_fails_before_submit_naming_the_numbers(overrides, message):
-    from ablate.config import check_run
+    from ablate.checks import check_run
 
     with pytest.raises(ValueError) as err:
         check_run(compose(overrides))
@@ -691,7 +696,7 @@ def test_a_bad_layout_is_one_line_from_the_cli_and_creates_no_run(tmp_path):
 
 
 def _free_rendezvous_job_id() -> int:
-    """A SLURM-like job id whose rendezvous port (29500 + id % 10000, ablate/parallel.py: _nodes) is free here."""
+    """A SLURM-like job id whose rendezvous port (29500 + id % 10000, ablate/distributed/topology.py: nodes) is free here."""
     import random
     import socket
 
@@ -740,15 +745,15 @@ def test_the_devices_a_job_holds_count_every_gpu_of_every_node(monkeypatch):
     not the 8 rank 0 sees; a CPU is one device a node."""
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     monkeypatch.setenv("SLURM_JOB_NUM_NODES", "10")
-    assert parallel.devices_held(torch.device("cuda")) == 80 and parallel.devices_held(torch.device("cpu")) == 10
+    assert topology.devices_held(torch.device("cuda")) == 80 and topology.devices_held(torch.device("cpu")) == 10
     monkeypatch.delenv("SLURM_JOB_NUM_NODES")
-    assert parallel.devices_held(torch.device("cuda")) == 8 and parallel.devices_held(torch.device("cpu")) == 1
+    assert topology.devices_held(torch.device("cuda")) == 8 and topology.devices_held(torch.device("cpu")) == 1
 
 
 def test_an_engine_process_sees_its_engines_gpus_as_the_node_lists_them():
     """On a GPU node, engine processes (local ranks after the trainers') see only their engine's GPUs: one each, or
     the tensor-parallel engine's t, counted in the node's own CUDA_VISIBLE_DEVICES order when it has one."""
-    assert parallel.engine_gpus(local=2, tp_rank=0, tp=1, visible=None) == "2"
-    assert parallel.engine_gpus(local=5, tp_rank=1, tp=2, visible=None) == "4,5"
-    assert parallel.engine_gpus(local=4, tp_rank=0, tp=2, visible="0,1,2,3,4,5,6,7") == "4,5"
-    assert parallel.engine_gpus(local=5, tp_rank=1, tp=2, visible="7,6,5,4,3,2,1,0") == "3,2"
+    assert topology.engine_gpus(local=2, tp_rank=0, tp=1, visible=None) == "2"
+    assert topology.engine_gpus(local=5, tp_rank=1, tp=2, visible=None) == "4,5"
+    assert topology.engine_gpus(local=4, tp_rank=0, tp=2, visible="0,1,2,3,4,5,6,7") == "4,5"
+    assert topology.engine_gpus(local=5, tp_rank=1, tp=2, visible="7,6,5,4,3,2,1,0") == "3,2"

@@ -44,7 +44,7 @@ class Generator(Protocol):
         ...
 
     def validate(self, compute: float, *, policy, step: int) -> float:
-        """The validation pass rate of `policy` (a module or ablate.parallel.Weights) at step `step`."""
+        """The validation pass rate of `policy` (a module or ablate.distributed.layouts.Weights) at step `step`."""
         ...
 
     def publish(self, policy, version: int) -> None:

@@ -135,7 +135,7 @@ class Engine:
     def load(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """New weights between decode steps; running rows keep their caches and continue with them. `weights`: a
         state dict, or (name, tensor) pairs taken one at a time as they come (gathered from FSDP shards tensor by
-        tensor: ablate/parallel.py), each copied into the engine's own tensor (in its dtype)."""
+        tensor: ablate/distributed/layouts.py), each copied into the engine's own tensor (in its dtype)."""
         own = self.model.state_dict()
         loaded = set()
         for name, tensor in weights.items() if isinstance(weights, Mapping) else weights:

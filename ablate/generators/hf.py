@@ -3,12 +3,12 @@ the policy, on CPU or one GPU, or in engine processes of their own (run.generato
 
 from __future__ import annotations
 
-from ablate import parallel
+from ablate.distributed.layouts import Weights
 from ablate.generators.base import Engine
 from ablate.generators.pipelined import PipelineGenerator
 
 
-def torch_engine(generator: PipelineGenerator, weights: parallel.Weights) -> Engine:
+def torch_engine(generator: PipelineGenerator, weights: Weights) -> Engine:
     """Our engine: here on its own copy of the policy, or one in each engine process, streamed the weights."""
     return generator.remote_engine(weights) if generator.engines_apart else generator.local_engine(weights)
 

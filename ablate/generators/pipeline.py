@@ -23,7 +23,7 @@ import torch
 
 from ablate.generators.base import Engine
 from ablate.generators.engine import Sequence
-from ablate.parallel import Weights, weights_of
+from ablate.distributed.layouts import Weights, weights_of
 from ablate.rollouts import Rollouts
 from ablate.tasks.base import PromptsExhausted
 

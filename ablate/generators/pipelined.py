@@ -14,7 +14,8 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ablate import parallel
+from ablate.distributed.layouts import Weights, weights_of
+from ablate.distributed.topology import devices_held
 from ablate.compute import clock_for
 from ablate.generators.base import Capabilities, Engine, Generator
 from ablate.generators.engine import Engine as TorchEngine
@@ -47,9 +48,9 @@ class PipelineGenerator(Generator):
 
     capabilities = Capabilities(samples_policy=True, engine_processes=True)
 
-    def __init__(self, make_engine: Callable[[PipelineGenerator, parallel.Weights], Engine], max_waves: int,
+    def __init__(self, make_engine: Callable[[PipelineGenerator, Weights], Engine], max_waves: int,
                  concurrent: bool, val_wave_rows: int, *, cfg: DictConfig, task, sampler,
-                 policy: torch.nn.Module | parallel.Weights, **_: object):
+                 policy: torch.nn.Module | Weights, **_: object):
         self.cfg, self.task = cfg, task
         self.max_waves, self.val_wave_rows = max_waves, val_wave_rows
         length_control = build(cfg.length_control)
@@ -57,7 +58,7 @@ class PipelineGenerator(Generator):
         self.engine_args = {"head_dtype": head_dtype(cfg), "compute_dtype": compute_dtype(cfg.model),
                             "temperature": float(cfg.generation.temperature), "pad_id": task.tokenizer.pad_token_id}
         self.engines_apart = int(cfg.run.get("generator_gpus", 0)) > 0  # engine processes of their own
-        engine = make_engine(self, parallel.weights_of(policy))
+        engine = make_engine(self, weights_of(policy))
         off_policy = build(cfg.off_policy)
         self.pipeline = Pipeline(engine, task, sampler, off_policy, length_control,
                                  prompts_per_step=int(cfg.batch.prompts_per_step),
@@ -65,19 +66,20 @@ class PipelineGenerator(Generator):
                                  max_think_tokens=int(cfg.generation.max_think_tokens), concurrent=concurrent,
                                  seed=cfg.seed)
         self.engine = engine
-        self.clock = clock_for(cfg.train, parallel.devices_held(engine.device), off_policy)
+        self.clock = clock_for(cfg.train, devices_held(engine.device), off_policy)
 
     # ------------------------------------------------------------------------------------------------- engines
-    def local_engine(self, weights: parallel.Weights) -> TorchEngine:
+    def local_engine(self, weights: Weights) -> TorchEngine:
         """Our torch engine in this process, on its own copy of the policy in the compute dtype."""
         model = copy.deepcopy(weights.module()).to(self.engine_args["compute_dtype"]).eval()
         return TorchEngine(model, self.limits, seed=self.cfg.seed, **self.engine_args)
 
-    def remote_engine(self, weights: parallel.Weights, **how) -> RemoteEngine:
+    def remote_engine(self, weights: Weights, **how) -> RemoteEngine:
         """Rank 0's handle on the engine processes, streamed `weights`; `how`: RemoteEngine's build and
         tensor_parallel (default: our engine, one process each)."""
         model = OmegaConf.to_container(self.cfg.model, resolve=True)
-        return RemoteEngine(model, self.limits, weights, seed=self.cfg.seed, **how, **self.engine_args)
+        return RemoteEngine(model, self.limits, weights, groups=weights.ranks.groups, seed=self.cfg.seed, **how,
+                            **self.engine_args)
 
     # ------------------------------------------------------------------------------------------------ contract
     def batch(self, step: int, compute: float = 0.0) -> Rollouts:
@@ -104,10 +106,10 @@ class PipelineGenerator(Generator):
     def describe(self) -> dict:
         """The devices the job holds, and the weights one decoding device holds (the whole model's, or a
         tensor-parallel rank's share)."""
-        return {"generator.devices": parallel.devices_held(self.engine.device),
+        return {"generator.devices": devices_held(self.engine.device),
                 "generator.params_per_gpu": self.engine.params}
 
-    def validate(self, compute: float, *, policy: torch.nn.Module | parallel.Weights, step: int) -> float:
+    def validate(self, compute: float, *, policy: torch.nn.Module | Weights, step: int) -> float:
         """mean@k pass rate over the validation split: k = task.val_samples samples per prompt, sampled from the
         trainer's current policy with the run's generation settings (seeded by the step: reproducible). Engines in
         processes of their own sample it there, from the weights just published to them; otherwise this process
@@ -120,7 +122,7 @@ class PipelineGenerator(Generator):
         if self.engine.stages:
             self.engine.decode_staged(rows, seed, self.max_waves, self.val_wave_rows)
         else:
-            module = parallel.weights_of(policy).module()
+            module = weights_of(policy).module()
             was_training = module.training
             module.eval()
             decode(TorchEngine(module, self.limits, seed=seed, **self.engine_args), rows, self.max_waves,

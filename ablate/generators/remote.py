@@ -4,7 +4,7 @@ while the pipeline that decides what they decode and when they take new weights 
 `RemoteEngine` (in rank 0) speaks the engine interface (ablate/generators/engine.py) to them over one gloo `control`
 group per engine process, deals each wave of rows across them, and streams each step's weights over the `weights`
 group into their staging copies (or straight into vLLM: generator.weight_transfer=direct). `serve` is the whole life
-of an engine's process (ablate/parallel.py starts it). Transport, staging, validation and tensor parallelism:
+of an engine's process (ablate/processes.py starts it). Transport, staging, validation and tensor parallelism:
 docs/design.md#engine-processes.
 """
 
@@ -19,11 +19,11 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from ablate import parallel
+from ablate.distributed.groups import Groups
+from ablate.distributed.layouts import Weights
 from ablate.generators.engine import Engine, Limits, Sequence, decode
 
 log = logging.getLogger(__name__)
-_CLOSED: set[int] = set()  # engine processes rank 0 has told to close
 
 
 def _exchange(message, src: int, group):
@@ -71,18 +71,20 @@ class RemoteEngine:
 
     stages = True  # new weights go to the engines' staging copies first (`stage`), then `load(None, ...)` takes them
 
-    def __init__(self, model: Mapping, limits: Limits, weights: Mapping[str, torch.Tensor] | parallel.Weights, *,
-                 seed: int, build: Callable | None = None, tensor_parallel: int = 1, **engine_args):
-        """`model`: the policy's config (the engines' staging copies are built from it); `build(limits, seed,
+    def __init__(self, model: Mapping, limits: Limits, weights: Mapping[str, torch.Tensor] | Weights, *,
+                 groups: Groups, seed: int, build: Callable | None = None, tensor_parallel: int = 1, **engine_args):
+        """`model`: the policy's config (the engines' staging copies are built from it); `groups`: rank 0's groups
+        with the engine processes (ablate/distributed/groups.py); `build(limits, seed,
         engine_args)`, called in each engine process, makes the engine that decodes there (None: ours, `Engine`);
         it is pickled, so a module-level function or a partial of one. `tensor_parallel` processes in a row make one
         engine (vLLM's tensor parallelism: each is asked the same, and they answer the same)."""
-        # the engine processes' ranks; their groups stay parallel.py's alone (`_group`), so that they go when it
-        # shuts them down (a process group left for the interpreter's exit to destroy may abort it)
-        self.engines = [rank for rank, _ in parallel.engine_groups()]
+        # the engine processes' ranks; their groups are shut down by whoever made them (ablate/processes.py), once
+        # the run is over (a process group left for the interpreter's exit to destroy may abort it)
+        self.groups = groups
+        self.engines = [rank for rank, _ in groups.engines]
         if not self.engines:
             raise RuntimeError("no generator engine processes were started (run.generator_gpus > 0, in a job started "
-                               "by ablate.parallel.launch)")
+                               "by ablate.processes.launch)")
         if len(self.engines) % tensor_parallel:
             raise ValueError(f"{len(self.engines)} engine processes do not make engines of {tensor_parallel}")
         # engine k: the processes (indices into self.engines) of its tensor-parallel ranks
@@ -158,7 +160,7 @@ class RemoteEngine:
             answers.append(first)
         return answers
 
-    def stage(self, weights: Mapping[str, torch.Tensor] | parallel.Weights, version: int) -> None:
+    def stage(self, weights: Mapping[str, torch.Tensor] | Weights, version: int) -> None:
         """The weights into every engine's staging copy, one tensor at a time in the engines' dtype, broadcast to
         all of them at once (from FSDP's shards: each tensor gathered as it is sent); the copies they decode with
         stay as they are until `load`. An engine refuses (before anything is sent or gathered) a set that misses one
@@ -170,11 +172,11 @@ class RemoteEngine:
             self.staged = None
             for _, tensor in pairs:
                 tensor = tensor.detach().to(self.weights_dtype) if tensor.is_floating_point() else tensor.detach()
-                parallel.weights_group().broadcast(tensor.contiguous(), 0).wait()
+                self.groups.weights.broadcast(tensor.contiguous(), 0).wait()
             self._answers()
             self.staged = version
 
-    def load(self, weights: Mapping[str, torch.Tensor] | parallel.Weights | None, version: int) -> None:
+    def load(self, weights: Mapping[str, torch.Tensor] | Weights | None, version: int) -> None:
         """The engines decode with these weights from their next step on (None: those staged, of `version`)."""
         if weights is not None:
             self.stage(weights, version)
@@ -206,10 +208,10 @@ class RemoteEngine:
 
     def close(self) -> None:
         with self._lock:
-            open_ = [i for i, rank in enumerate(self.engines) if rank not in _CLOSED]
+            open_ = [i for i, rank in enumerate(self.engines) if rank not in self.groups.closed]
             if open_:
                 self._ask("close", only=open_)
-                _CLOSED.update(self.engines[i] for i in open_)
+                self.groups.closed.update(self.engines[i] for i in open_)
 
     def _all(self, name: str, *shared, per_engine: list[tuple] | None = None, only: list[int] | None = None) -> list:
         with self._lock:
@@ -221,21 +223,20 @@ class RemoteEngine:
         answers, in order; an error from any raises."""
         only = list(range(len(self.engines))) if only is None else only
         for j, i in enumerate(only):
-            _exchange((name, *shared, *(per_engine[j] if per_engine else ())), 0, _group(i))
+            _exchange((name, *shared, *(per_engine[j] if per_engine else ())), 0, self._control(i))
         return self._answers(only)
 
     def _answers(self, only: list[int] | None = None) -> list:
         only = list(range(len(self.engines))) if only is None else only
-        replies = [(self.engines[i], _exchange(None, 1, _group(i))) for i in only]
+        replies = [(self.engines[i], _exchange(None, 1, self._control(i))) for i in only]
         for rank, (status, payload) in replies:
             if status == "error":
                 raise RuntimeError(f"the generator engine's process (rank {rank}): {payload}")
         return [payload for _, (_, payload) in replies]
 
-
-def _group(i: int):
-    """Engine process i's control group with rank 0."""
-    return parallel.engine_groups()[i][1]
+    def _control(self, i: int):
+        """Engine process i's control group with rank 0."""
+        return self.groups.engines[i][1]
 
 
 def _outcome(reply) -> list:
@@ -246,88 +247,115 @@ def _outcome(reply) -> list:
     return reply
 
 
-def release() -> None:
+def release(groups: Groups) -> None:
     """Rank 0, ending: close every engine process that was never started or closed (the trainer may have ended
     before building its generator), so that they leave their loop and the job ends together."""
-    for rank, control in parallel.engine_groups():
-        if rank not in _CLOSED:  # waiting for its next request
+    for rank, control in groups.engines:
+        if rank not in groups.closed:  # waiting for its next request
             _exchange(("close",), 0, control)
             _exchange(None, 1, control)
-            _CLOSED.add(rank)
+            groups.closed.add(rank)
 
 
 def checksum(tensor: torch.Tensor) -> str:
     return hashlib.sha256(tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
-def serve() -> None:
-    """The engine process: answer rank 0's requests until it says close."""
-    ((rank, control),) = parallel.engine_groups()
-    weights_group = parallel.weights_group()
-    engine: Engine | None = None
-    staged: torch.nn.Module | None = None  # the staging copy: the policy's architecture, weights not yet taken
-    engine_args: dict = {}
-    keys: dict[int, int] = {}  # id of a running row -> rank 0's key for it
+class _Served:
+    """An engine process's side of the protocol: one method per request RemoteEngine makes (the table `_REQUESTS`),
+    each returning the reply. The engine, its staging copy (the policy's architecture, weights not yet taken), and
+    rank 0's keys for the running rows."""
+
+    def __init__(self, groups: Groups):
+        self.weights_group = groups.weights
+        self.engine: Engine | None = None
+        self.staged: torch.nn.Module | None = None
+        self.engine_args: dict = {}
+        self.keys: dict[int, int] = {}  # id of a running row -> rank 0's key for it
+
+    def init(self, model: dict, limits: Limits, engine_args: dict, build: Callable | None, seed: int) -> dict:
+        self.engine_args = engine_args
+        if build is None:
+            self.staged = _torch_model(model, engine_args["compute_dtype"])
+            self.engine = Engine(copy.deepcopy(self.staged), limits, seed=seed, **engine_args)
+        else:
+            self.engine = build(limits, seed, engine_args)
+            # an engine that receives the weights itself needs no staging copy: only its names and shapes
+            self.staged = _torch_model(model, engine_args["compute_dtype"], "meta" if self.engine.receives else None)
+        engine = self.engine
+        return {"device": str(engine.device), "dtype": engine.weights_dtype, "params": engine.params,
+                "receives": engine.receives}
+
+    def stage(self, names: list[str], version: int, ready: Callable[[], None]) -> None:
+        own = self.staged.state_dict()
+        _check_names(names, own)
+        ready()  # rank 0 sends the tensors now
+        if self.engine.receives:  # straight into the engine, which decodes with them now
+            self.engine.receive({n: tuple(own[n].shape) for n in names}, {n: own[n].dtype for n in names}, version,
+                                self.weights_group)
+        else:
+            _receive(names, own, self.weights_group)
+
+    def load(self, version: int) -> None:
+        self.engine.load(self.staged.state_dict(), version)
+
+    def decode_staged(self, max_waves: int, wave_rows: int, rows: list[Sequence], seed: int) -> list[Sequence]:
+        if self.engine.receives:  # no staging copy: the engine's own weights are the newest
+            self.engine.decode_apart(rows, seed, wave_rows)
+        else:
+            decode(Engine(self.staged, self.engine.limits, seed=seed, **self.engine_args), rows, max_waves, wave_rows)
+        return rows
+
+    def start(self, keyed: list[tuple[int, Sequence]]) -> list[int]:
+        self.keys.update({id(row): key for key, row in keyed})
+        self.engine.start([row for _, row in keyed])
+        return [len(w) for w in self.engine.waves]
+
+    def step(self) -> tuple[list, list[int]]:
+        done = [(self.keys.pop(id(row)), row) for row in self.engine.step()]
+        return done, [len(w) for w in self.engine.waves]
+
+    def rng_get(self):
+        return self.engine.rng.get_state()
+
+    def rng_set(self, state) -> None:
+        self.engine.rng.set_state(state)
+
+    def checksums(self) -> dict[str, str]:
+        if not hasattr(self.engine, "model"):
+            raise RuntimeError(f"{type(self.engine).__name__} keeps its weights in a layout of its own: no checksums "
+                               "by the trainer's names")
+        return {n: checksum(t) for n, t in self.engine.model.state_dict().items()}
+
+    def close(self, rank: int) -> None:
+        """The engine first (vLLM shuts its core and its groups down); a failure is said here, and ends all the same."""
+        try:
+            if self.engine is not None:
+                self.engine.close()
+        except Exception as err:  # noqa: BLE001 - rank 0 is ending
+            log.warning("the generator engine's process (rank %d) could not close its engine: %s", rank, err)
+
+
+_REQUESTS = {name: getattr(_Served, name) for name in ("init", "load", "decode_staged", "start", "step", "rng_get",
+                                                        "rng_set", "checksums")}
+
+
+def serve(groups: Groups) -> None:
+    """The engine process: answer rank 0's requests (RemoteEngine's) until it says close."""
+    ((rank, control),) = groups.engines
+    served = _Served(groups)
     while True:
         name, *args = _exchange(None, 0, control)
+        if name == "close":
+            served.close(rank)
+            _exchange(("ok", None), 1, control)
+            return
         try:
-            if name == "close":  # the engine first (vLLM shuts its core and its groups down), then the answer
-                try:
-                    if engine is not None:
-                        engine.close()
-                except Exception as err:  # noqa: BLE001 - rank 0 is ending: say it here, and end all the same
-                    log.warning("the generator engine's process (rank %d) could not close its engine: %s", rank, err)
-                _exchange(("ok", None), 1, control)
-                return
-            if name == "init":
-                model, limits, engine_args, build, seed = args
-                if build is None:
-                    staged = _torch_model(model, engine_args["compute_dtype"])
-                    engine = Engine(copy.deepcopy(staged), limits, seed=seed, **engine_args)
-                else:
-                    engine = build(limits, seed, engine_args)
-                    # an engine that receives the weights itself needs no staging copy: only its names and shapes
-                    staged = _torch_model(model, engine_args["compute_dtype"], "meta" if engine.receives else None)
-                reply = {"device": str(engine.device), "dtype": engine.weights_dtype, "params": engine.params,
-                         "receives": engine.receives}
-            elif name == "stage":
-                names, version = args
-                own = staged.state_dict()
-                _check_names(names, own)
-                _exchange(("ok", None), 1, control)  # ready: rank 0 sends the tensors
-                if engine.receives:  # straight into the engine, which decodes with them now
-                    engine.receive({n: tuple(own[n].shape) for n in names}, {n: own[n].dtype for n in names},
-                                   version)
-                else:
-                    _receive(names, own, weights_group)
+            if name == "stage":  # two answers: ready for the tensors, then done
+                served.stage(*args, ready=lambda: _exchange(("ok", None), 1, control))
                 reply = None
-            elif name == "load":
-                engine.load(staged.state_dict(), args[0])
-                reply = None
-            elif name == "decode_staged":
-                max_waves, wave_rows, rows, seed = args
-                if engine.receives:  # no staging copy: the engine's own weights are the newest
-                    engine.decode_apart(rows, seed, wave_rows)
-                else:
-                    decode(Engine(staged, engine.limits, seed=seed, **engine_args), rows, max_waves, wave_rows)
-                reply = rows
-            elif name == "start":
-                keys.update({id(row): key for key, row in args[0]})
-                engine.start([row for _, row in args[0]])
-                reply = [len(w) for w in engine.waves]
-            elif name == "step":
-                done = [(keys.pop(id(row)), row) for row in engine.step()]
-                reply = (done, [len(w) for w in engine.waves])
-            elif name == "rng_get":
-                reply = engine.rng.get_state()
-            elif name == "rng_set":
-                engine.rng.set_state(args[0])
-                reply = None
-            elif name == "checksums":
-                if not hasattr(engine, "model"):
-                    raise RuntimeError(f"{type(engine).__name__} keeps its weights in a layout of its own: no "
-                                       "checksums by the trainer's names")
-                reply = {n: checksum(t) for n, t in engine.model.state_dict().items()}
+            elif name in _REQUESTS:
+                reply = _REQUESTS[name](served, *args)
             else:
                 raise RuntimeError(f"unknown request {name!r}")
             answer = ("ok", reply)

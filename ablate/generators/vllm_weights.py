@@ -86,6 +86,7 @@ class GroupUpdateInfo(WeightTransferUpdateInfo):
     names: list[str] = field(default_factory=list)
     dtype_names: list[str] = field(default_factory=list)
     shapes: list[list[int]] = field(default_factory=list)
+    group: Any = None  # the job's weights group (the engine process's; handed in-process, never pickled)
 
     def __post_init__(self):
         if not len(self.names) == len(self.dtype_names) == len(self.shapes):
@@ -100,12 +101,10 @@ class GroupWeightTransferEngine(InProcessWeightTransferEngine):
     update_info_cls = GroupUpdateInfo
 
     def receive_weights(self, update_info: GroupUpdateInfo) -> None:
-        from ablate import parallel
-
-        group = parallel.weights_group()
+        group = update_info.group
         if group is None:
-            raise RuntimeError("weight transfer over the job's weights group, but this process has none (an engine "
-                               "process started by ablate.parallel.launch has)")
+            raise RuntimeError("weight transfer over the job's weights group, but none was given (an engine process "
+                               "started by ablate.processes.launch has one)")
         pairs = []
         for name, dtype_name, shape in zip(update_info.names, update_info.dtype_names, update_info.shapes):
             buffer = torch.empty(shape, dtype=getattr(torch, dtype_name), device=self.device)

@@ -1,0 +1,262 @@
+"""How the learner spreads over trainer processes: which rows of a step each trains, and how the weights are held.
+
+`OneProcess` (the default: no torch.distributed) and `FSDP` (FSDP2 per decoder layer, fp32 masters, the gradients
+summed across ranks so that the step is the whole batch's) answer the same questions, so no caller asks which it
+has; `Weights` is the trainer's current weights as a generator takes them. Why: docs/design.md#trainer-ranks.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from ablate.distributed.groups import Groups
+from ablate.distributed.leader import Leader
+
+SHARDS = "learner-{tag}"  # the DCP folder of a checkpoint, beside its payload
+
+
+def _dealt(lengths: torch.Tensor, trained: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """The trained rows dealt to `rank` of `world` (a mask [N]): by length, longest first, round robin, so that
+    every rank gets rows of every length and about the same number of tokens."""
+    order = torch.argsort(lengths, descending=True, stable=True)
+    order = order[trained[order]]
+    mine = torch.zeros_like(trained)
+    mine[order[rank::world]] = True
+    return mine
+
+
+class OneProcess:
+    """Every row in this process (the default layout: one device, or the CPU)."""
+
+    rank, world = 0, 1
+    ranks = (1, 1)  # the trainer ranks this layout takes (checked before submit: ablate.checks.check_run)
+
+    def __init__(self, groups: Groups | None = None, **_: object) -> None:
+        self.groups = groups if groups is not None else Groups()  # engine processes, when the job has them
+
+    def wrap(self, scorer: torch.nn.Module) -> torch.nn.Module:
+        return scorer
+
+    def share(self, lengths: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
+        return trained
+
+    def passes(self, count: int) -> int:
+        """Forward/backward passes this step: here, one per micro-batch."""
+        return count
+
+    def total(self, value: float) -> float:
+        return value
+
+    def sync_gradients(self, scorer: torch.nn.Module, now: bool) -> None:
+        pass
+
+    def save(self, learner, folder: Path, tag: int) -> dict:
+        """The learner's part of a checkpoint's payload."""
+        return {"policy": learner.policy.state_dict(), "optimizer": learner.optimizer.state_dict(),
+                "scheduler": learner.scheduler.state_dict()}
+
+    def load(self, learner, payload: dict, folder: Path) -> None:
+        learner.policy.load_state_dict(payload["policy"])
+        learner.optimizer.load_state_dict(payload["optimizer"])
+        learner.scheduler.load_state_dict(payload["scheduler"])
+
+    def prune(self, folder: Path, payload: dict) -> None:
+        """Called once `payload` is the checkpoint: remove what older checkpoints left (here, nothing)."""
+
+    def weights(self, policy: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full weights, (name, tensor) one tensor at a time: what a generator engine loads."""
+        yield from policy.state_dict().items()
+
+    stream = weights  # one process: nothing to lead
+
+    def gathered(self, policy: torch.nn.Module) -> torch.nn.Module:
+        """The policy with the trainer's current weights, whole: here, the trainer's own."""
+        return policy
+
+    def lead_step(self, *batch) -> None:
+        """Before a learner step: nothing to tell (FSDP's rank 0 sends the batch to the other ranks)."""
+
+
+class FSDP:
+    """Data parallel over the trainer ranks' process group with FSDP2 (torch.distributed.fsdp.fully_shard).
+
+    Rows are dealt to the ranks by length (`_dealt`); every rank then runs as many forward/backward passes as the
+    busiest one (FSDP's all-gathers and reduce-scatters pair up across ranks), a rank with fewer micro-batches
+    running a pass whose loss is weighted 0. Gradients are reduce-scattered once, after the step's last pass, as a
+    sum in fp32. Needs torch.distributed initialized (by `launch`, or by a test's processes) with a backend for the
+    weights' device: nccl on GPUs, gloo on the CPU.
+    """
+
+    ranks = (2, None)
+
+    def __init__(self, trainer_gpus: int = 2, generator_gpus: int = 0, groups: Groups | None = None,
+                 **_: object) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("the FSDP layout needs torch.distributed initialized: its ranks are started by "
+                               "ablate.processes.launch (`python -m ablate run=fsdp` does)")
+        self.groups = groups if groups is not None else Groups()
+        self.group = self.groups.trainer
+        self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
+        if self.world != trainer_gpus:
+            raise ValueError(f"run.trainer_gpus={trainer_gpus}, but {self.world} ranks were started")
+        self.leader = Leader(self.groups, self.rank)
+        # rank 0's unsharded copy (`gathered`), for an engine in its process and validation there; none when the
+        # engines have processes of their own: they get the weights streamed from the shards and validate there
+        self.keeps_whole = self.rank == 0 and not generator_gpus
+        self.full: torch.nn.Module | None = None
+        self.device = torch.device("cpu")  # of the small tensors this layout reduces: the weights' device, once wrapped
+
+    def wrap(self, scorer: torch.nn.Module) -> torch.nn.Module:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        self.leader.begin()
+        self.device = next(scorer.parameters()).device
+        with torch.no_grad():  # every rank starts from rank 0's weights (its warm start, or its checkpoint's)
+            for tensor in scorer.state_dict().values():
+                dist.broadcast(tensor, src=0, group=self.group)
+        if self.keeps_whole:
+            self.full = copy.deepcopy(scorer.model)
+        mesh = DeviceMesh.from_group(self.group, self.device.type)  # the trainer ranks (engine processes apart)
+        gathered = None if scorer.compute_dtype == torch.float32 else scorer.compute_dtype
+        layers = MixedPrecisionPolicy(param_dtype=gathered, reduce_dtype=torch.float32)
+        groups = [fully_shard(layer, mesh=mesh, mp_policy=layers) for layer in scorer.model.get_decoder().layers]
+        groups.append(fully_shard(scorer, mesh=mesh, mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.float32)))
+        for group in groups:  # each shard group reduces its own gradients
+            group.set_gradient_divide_factor(1.0)  # a sum over ranks: each rank's loss is its share of the whole
+            group.set_force_sum_reduction_for_comms(True)  # as plain SUM (gloo has no pre-multiplied sum)
+        return scorer
+
+    def share(self, lengths: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
+        return _dealt(lengths, trained, self.rank, self.world)
+
+    def passes(self, count: int) -> int:
+        return int(self._reduce(float(count), "MAX"))
+
+    def total(self, value: float) -> float:
+        return self._reduce(value, "SUM")
+
+    def sync_gradients(self, scorer: torch.nn.Module, now: bool) -> None:
+        scorer.set_requires_gradient_sync(now)
+
+    def lead_step(self, *batch) -> None:
+        self.leader.step(*batch)
+
+    def gathered(self, policy: torch.nn.Module) -> torch.nn.Module | None:
+        """Rank 0's unsharded copy of the policy with the trainer's current weights (gathered tensor by tensor), for
+        an engine in rank 0's process and validation there; None on the other ranks. The copy costs rank 0 one model
+        of memory, so it exists only without engine processes (run.generator_gpus=0): those take `stream`."""
+        if self.rank == 0 and self.full is None:
+            raise RuntimeError("rank 0 keeps no whole copy of the policy when the generator's engines have processes "
+                               "of their own (run.generator_gpus > 0): stream the weights to them (Weights.stream)")
+        self.leader.gather()
+        if self.rank != 0:
+            for _ in self.weights(policy):
+                pass
+            return None
+        own = self.full.state_dict()
+        with torch.no_grad():
+            for name, tensor in self.weights(policy):
+                own[name].copy_(tensor)
+        return self.full
+
+    def save(self, learner, folder: Path, tag: int) -> dict:
+        """Every rank writes its shards of the weights and AdamW's state (DCP) to folder/learner-<tag>: first
+        under a staging name, renamed once all ranks are done."""
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        self.leader.save(folder, tag)
+        name = SHARDS.format(tag=tag)
+        staged, final = folder / f"{name}.partial", folder / name
+        if self.rank == 0:
+            shutil.rmtree(staged, ignore_errors=True)
+        dist.barrier(group=self.group)
+        model, optim = get_state_dict(learner.scorer, learner.optimizer)
+        dcp.save({"model": model, "optim": optim}, checkpoint_id=staged, process_group=self.group)
+        dist.barrier(group=self.group)
+        if self.rank == 0:
+            shutil.rmtree(final, ignore_errors=True)
+            staged.rename(final)
+        dist.barrier(group=self.group)
+        return {"learner_shards": name, "scheduler": learner.scheduler.state_dict()}
+
+    def load(self, learner, payload: dict, folder: Path) -> None:
+        """Every rank reads its shards back (DCP reshards if the world size changed)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        if "learner_shards" not in payload:
+            raise ValueError(f"the checkpoint in {folder} was written by one process, not by FSDP ranks: it holds no "
+                             "learner shards to load")
+        self.leader.load({k: payload[k] for k in ("learner_shards", "scheduler")}, folder)
+        model, optim = get_state_dict(learner.scorer, learner.optimizer)
+        state = {"model": model, "optim": optim}
+        dcp.load(state, checkpoint_id=folder / payload["learner_shards"], process_group=self.group)
+        set_state_dict(learner.scorer, learner.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        learner.scheduler.load_state_dict(payload["scheduler"])
+
+    def prune(self, folder: Path, payload: dict) -> None:
+        if self.rank == 0:
+            for old in folder.glob(SHARDS.format(tag="*")):
+                if old.name != payload["learner_shards"]:
+                    shutil.rmtree(old, ignore_errors=True)
+
+    def weights(self, policy: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full weights, gathered one tensor at a time (an all-gather each, in the same order on every rank):
+        at most one full tensor exists beside the shards, never the whole model. Every rank must run the iterator to
+        its end; the ranks that feed no engine just drop what they get."""
+        from torch.distributed.tensor import DTensor
+
+        for name, tensor in policy.state_dict().items():
+            yield name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+    def stream(self, policy: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+        """Rank 0: `weights`, with the other trainer ranks taking part in each gather (they follow a "stream")."""
+        self.leader.stream()
+        yield from self.weights(policy)
+
+    def _reduce(self, value: float, op: str) -> float:
+        import torch.distributed as dist
+
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=self.group)
+        return float(t.item())
+
+
+class Weights:
+    """The trainer's current weights as a generator takes them, whatever the layout holds: `names`, then `stream`,
+    (name, full tensor) one at a time (FSDP: gathered from the shards on every trainer rank as they are taken, at
+    most one full tensor beside them), for engines that keep their own copy; or `module`, the policy whole (the
+    trainer's own in one process; FSDP: rank 0's gathered copy, gathered once per Weights), for what decodes in the
+    trainer's process. A step's weights are one Weights: publishing and validating them gather once."""
+
+    def __init__(self, ranks, policy: torch.nn.Module):
+        self.ranks, self.policy = ranks, policy
+        self._module: torch.nn.Module | None = None
+
+    def names(self) -> list[str]:
+        return list(self.policy.state_dict())
+
+    def stream(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self.ranks.stream(self.policy)
+
+    def module(self) -> torch.nn.Module:
+        if self._module is None:
+            self._module = self.ranks.gathered(self.policy)
+        return self._module
+
+
+def weights_of(policy: torch.nn.Module | Weights) -> Weights:
+    """A policy module (a test's, a tool's) as the trainer's Weights are taken; Weights as they are."""
+    return policy if isinstance(policy, Weights) else Weights(OneProcess(), policy)

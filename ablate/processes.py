@@ -1,0 +1,209 @@
+"""The processes of a job: `launch` starts the layout's trainer ranks and engine processes (torch's elastic
+launcher, on this machine or on each node), rank 0 runs the trainer and leads, the other trainer ranks follow, the
+engine processes serve rank 0. Each process's groups are made here and handed down. Why: docs/design.md#trainer-ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+
+import torch
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from ablate.distributed import groups as process_groups
+from ablate.distributed.groups import Groups
+from ablate.distributed.leader import Leader, follow
+from ablate.distributed.signals import (ranks_born_with_the_warning_blocked, ranks_started_here, stop_for_requeue,
+                                        take_the_warning)
+from ablate.distributed.topology import engine_gpus, job_store, layout_name, nodes
+
+def launch(cfg, fn, *args, **kwargs):
+    """Run `fn(*args, groups=..., **kwargs)` (the trainer) on the layout `cfg.run` names, handing it this process's
+    groups (ablate/distributed/groups.py); return what it returns.
+
+    One process in all (one trainer rank, no engine process): here, in this process. More: `cfg.run.trainer_gpus`
+    trainer ranks and `cfg.run.generator_gpus` engine processes (torch's elastic launcher, as torchrun; gloo on the
+    CPU, nccl on GPUs), rank 0 running `fn`, the other trainer ranks following it, the engine processes serving it.
+    The job itself is one process per node (a SLURM task, a local job): it starts its node's share of the ranks, so
+    `python -m ablate` is not to be run under torchrun. On a job of several nodes (`topology.nodes`) node i starts ranks
+    i x P .. i x P + P - 1 (P = the processes per node) and node 0 hosts the rendezvous; only node 0's call
+    returns what `fn` returned (rank 0 is there), the others return None."""
+    trainers, engines = int(cfg.run.trainer_gpus), int(cfg.run.get("generator_gpus", 0))
+    world = trainers + engines
+    count, node, endpoint, run_id = nodes()
+    if world == 1 and count == 1:
+        return fn(*args, groups=Groups(), **kwargs)
+    if world % count:
+        raise ValueError(f"{world} processes do not spread evenly over the job's {count} nodes")
+    from ablate.policy import device_of
+
+    if device_of(cfg.model).type == "cuda" and world // count > torch.cuda.device_count():
+        raise ValueError(f"{layout_name(trainers, engines)}: this node has {torch.cuda.device_count()} CUDA "
+                         "device(s), one per process (model.device=cpu runs them on the CPU)")
+    from omegaconf import OmegaConf
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    plain = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
+    if count == 1:
+        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, rdzv_backend="c10d",
+                              rdzv_endpoint=endpoint, run_id=run_id, max_restarts=0, start_method="spawn")
+    else:  # static: node i's ranks are i x P.. whatever order the nodes start in (rank 0, the leader, on node 0)
+        config = LaunchConfig(min_nodes=count, max_nodes=count, nproc_per_node=world // count, rdzv_backend="static",
+                              rdzv_endpoint=endpoint, rdzv_configs={"rank": node}, run_id=run_id, max_restarts=0,
+                              start_method="spawn")
+    # the launcher's notes on starting and stopping its workers (each of its modules has a logger with its own level)
+    quiet = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+             if name.startswith("torch.distributed.elastic")]
+    levels = [log.level for log in quiet]
+    for log in quiet:
+        log.setLevel(logging.ERROR)
+    # SLURM's warning (USR2, before a time limit or a preemption) is rank 0's to act on: at the end of its step it
+    # checkpoints (every rank writes its shards) and stops; then this process hands the warning to the handler it
+    # displaced (submitit's: requeue the job). Here it is only noted, and passed on to the ranks once (SLURM may
+    # have signalled them too: rank 0 holds it either way, the others ignore it).
+    warned: list[int] = []
+    once = threading.Lock()
+
+    def note_warning(signum, frame) -> None:
+        if once.acquire(blocking=False):
+            warned.append(signum)
+            for pid in ranks_started_here():
+                os.kill(pid, signal.SIGUSR2)
+
+    displaced = signal.signal(signal.SIGUSR2, note_warning)
+    cpp_log = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    os.environ["TORCH_CPP_LOG_LEVEL"] = cpp_log or "ERROR"  # the ranks: no warnings of collectives a Ctrl-C cut off
+    try:
+        with ranks_born_with_the_warning_blocked(note_warning):
+            results = elastic_launch(config, rank_main)(plain, fn, args, kwargs)
+    except SignalException as err:  # Ctrl-C reached the launcher: it stopped the ranks (rank 0 closed its run)
+        if err.sigval == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        raise
+    except ChildFailedError as err:  # one line: which rank, and its error
+        rank, failure = err.get_first_failure()
+        message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
+        log = failure.error_file if os.path.isfile(failure.error_file) else "above"
+        if failure.exitcode > 0 and log == "above":  # no Python error: torch's message would be a link to its docs
+            message = f"it exited with code {failure.exitcode}"
+        who = f"trainer rank {rank}" if rank < trainers else f"the generator engine's process (rank {rank})"
+        raise RuntimeError(f"{who} failed: {str(message).strip().splitlines()[-1] if message else '?'}"
+                           f" (its log: {log})") from None
+    finally:
+        for log, level in zip(quiet, levels):
+            log.setLevel(level)
+        if cpp_log is None:
+            os.environ.pop("TORCH_CPP_LOG_LEVEL")
+        signal.signal(signal.SIGUSR2, displaced)
+    if node != 0:  # rank 0 and its result are on node 0 (whose task requeues the job at SLURM's warning)
+        return None
+    if warned and results[0] is None:  # rank 0 stopped at the warning, its checkpoint written: requeue
+        if callable(displaced):
+            displaced(signal.SIGUSR2, None)  # submitit: requeue, then SystemExit
+        raise KeyboardInterrupt("SIGUSR2 with no handler to requeue the job")
+    return results[0]
+
+
+@record  # a rank's error goes to a file its launcher reads: the one line `launch` raises names it
+def rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
+    """One rank of `launch`: join the group; rank 0 runs `fn` and finally releases the others; they follow."""
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+
+    from ablate.generators import remote
+    from ablate.policy import device_of
+
+    trainers, engines = int(cfg["run"]["trainer_gpus"]), int(cfg["run"].get("generator_gpus", 0))
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0))
+    if rank >= trainers:  # a generator engine's process: its own GPU, no world of ours; serve rank 0
+        return engine_main(cfg, rank, local, trainers, engines)
+    on_gpu = device_of(OmegaConf.create(cfg["model"])).type == "cuda"  # the weights' device decides, not the machine
+    if on_gpu:
+        torch.cuda.set_device(local)
+    backend = "nccl" if on_gpu else "gloo"
+    dist.init_process_group(backend, world_size=trainers, rank=rank)
+    groups = process_groups.connect(job_store(), rank, trainers, engines, backend, leading=True) if rank == 0 else \
+        Groups(leading=True)
+    try:
+        if rank != 0:
+            take_the_warning(signal.SIG_IGN)  # the warning is rank 0's (`launch`)
+            result = _follow(OmegaConf.create(cfg), groups)
+        else:
+            try:
+                # what the trainer hands the warning to once it has checkpointed: the end of this rank (the launcher's
+                # process requeues the job); one that came while this rank started ends it here, before `fn`
+                take_the_warning(stop_for_requeue)
+                result = fn(*args, groups=groups, **kwargs)
+            except SystemExit as stop:  # stopped at SLURM's warning (`stop_for_requeue`): an end like any other
+                if stop.code not in (0, None):
+                    raise
+                result = None
+            finally:
+                # the run is over: a warning now changes nothing, and would end this process once Python, exiting,
+                # resets its handlers to the default (which for USR2 is to die: a finished job reported failed)
+                signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+                Leader(groups, rank).stop()
+                remote.release(groups)  # engine processes the trainer never reached (it ended before building them)
+                groups.shutdown()
+        dist.barrier()  # no rank tears the group down while another may still be in it (a failed rank's launcher
+        # stops the others instead)
+        return result
+    finally:
+        dist.destroy_process_group()
+
+
+def engine_main(cfg: dict, rank: int, local: int, trainers: int, engines: int) -> None:
+    """An engine process. With generator.tensor_parallel_size=t, processes trainers + k t .. + t - 1 make engine
+    k (on one node: ablate.checks.check_run): on GPUs they see that engine's GPUs, each using its own; they form a
+    torch.distributed world of their own (on the job's store) for vLLM's tensor parallelism (its external-launcher
+    executor, as verl runs vLLM in torchrun's processes), with RANK and LOCAL_RANK as vLLM reads them. With t = 1 an
+    engine process has no world (vLLM makes its own, of one). Then it joins rank 0's engine groups and serves rank 0
+    until told to close."""
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+
+    from ablate.generators import remote
+    from ablate.policy import device_of
+
+    take_the_warning(signal.SIG_IGN)  # the warning is rank 0's (`launch`)
+    tp = int(cfg["generator"].get("tensor_parallel_size", 1))
+    engine, tp_rank = divmod(rank - trainers, tp)
+    if str(cfg["model"].get("device", "auto")) != "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = engine_gpus(local, tp_rank, tp, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    on_gpu = device_of(OmegaConf.create(cfg["model"])).type == "cuda"
+    if on_gpu:
+        torch.cuda.set_device(tp_rank)
+    store = job_store()
+    for name in ("GROUP_RANK", "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"):
+        os.environ.pop(name, None)
+    os.environ.update(RANK=str(tp_rank), LOCAL_RANK=str(tp_rank), WORLD_SIZE=str(tp), LOCAL_WORLD_SIZE=str(tp))
+    backend = "nccl" if on_gpu else "gloo"
+    if tp > 1:
+        dist.init_process_group(backend, store=dist.PrefixStore(f"ablate-tp/{engine}", store), rank=tp_rank,
+                                world_size=tp)
+    groups = process_groups.connect(store, rank, trainers, engines, backend)
+    try:
+        remote.serve(groups)
+    finally:
+        groups.shutdown()
+        if dist.is_initialized():  # the tensor-parallel world (or vLLM's own), before the interpreter's exit
+            dist.destroy_process_group()
+
+
+def _follow(cfg, groups: Groups) -> None:
+    """A trainer rank other than 0: build its learner on the FSDP layout when rank 0 builds its own, then make the
+    calls rank 0 makes (ablate/distributed/leader.py)."""
+    from ablate.distributed.layouts import FSDP
+    from ablate.policy import build_policy, build_tokenizer
+    from ablate.trainer import Learner
+
+    def make_learner():
+        ranks = FSDP(int(cfg.run.trainer_gpus), groups=groups)
+        return Learner(cfg, build_policy(cfg.model, cfg.seed, build_tokenizer(cfg.model)), ranks=ranks)
+
+    follow(groups, make_learner)
