@@ -62,7 +62,8 @@ def cached_warm_start(policy: torch.nn.Module, task, folder: Path | None, key: d
     with open(path.with_suffix(".lock"), "w") as lock:  # jobs starting together: one trains, the others wait
         fcntl.flock(lock, fcntl.LOCK_EX)
         if path.exists():
-            policy.load_state_dict(torch.load(path, weights_only=True))
+            policy.load_state_dict(torch.load(path, map_location=next(policy.parameters()).device,
+                                               weights_only=True))
             return True
         warm_start(policy, task, **kwargs)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")

@@ -279,9 +279,6 @@ def test_generator_vllm_decoding_in_its_own_thread_keeps_the_staleness_bound(tmp
     assert max(m["train/staleness_max"] for m in seen) >= 1  # the generator ran ahead of the trainer
 
 
-@pytest.mark.skipif(DEVICE.type == "cuda" and torch.cuda.device_count() < 3,
-                    reason="trainer processes and vLLM engine processes take a GPU each (3 for the TP engine)")
-@pytest.mark.timeout(900)  # four runs of 3-4 processes each: 130 s on a 2-core machine
 def _finished_run(folder, overrides: list[str]):
     """`python -m ablate <overrides>` in `folder`: its run (FINISHED) and its validation, loss and reward curves,
     [(step, value)] each."""
@@ -296,6 +293,9 @@ def _finished_run(folder, overrides: list[str]):
                    for key in ("val/pass_rate", "loss/policy", "train/reward_mean", "train/logprob_gap")}
 
 
+@pytest.mark.skipif(DEVICE.type == "cuda" and torch.cuda.device_count() < 3,
+                    reason="trainer processes and vLLM engine processes take a GPU each (3 for the TP engine)")
+@pytest.mark.timeout(900)  # four runs of 3-4 processes each: 130 s on a 2-core machine
 def test_vllm_engines_in_processes_of_their_own_reproduce_the_in_process_run(tmp_path):
     """`python -m ablate generator=vllm run.generator_gpus=1`: the trainer in one process, vLLM in an engine process
     of its own (generators/remote.py; vLLM makes its own torch.distributed world there, outside the trainer's),
@@ -329,6 +329,9 @@ def test_vllm_engines_in_processes_of_their_own_reproduce_the_in_process_run(tmp
             assert [v for _, v in there] == pytest.approx([v for _, v in here[key]], rel=1e-4, abs=1e-6), (layout, key)
 
 
+@pytest.mark.skipif(DEVICE.type == "cuda" and torch.cuda.device_count() < 3,
+                    reason="trainer processes and vLLM engine processes take a GPU each (3 for the TP engine)")
+@pytest.mark.timeout(900)  # three runs of 3-4 processes each: 130 s on a 2-core machine
 def test_weights_sent_straight_into_vllm_engine_processes_train_as_the_staged_ones(tmp_path):
     """generator.weight_transfer=direct: each step's weights go from the FSDP shards over the job's weights group
     straight into the vLLM engine process's model (vLLM's weight-transfer API, backend `ablate_group`), with no

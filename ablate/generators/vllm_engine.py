@@ -98,7 +98,8 @@ class VLLMEngine:
             distributed_executor_backend="external_launcher" if tensor_parallel_size > 1 else None,
         )
         states = random.getstate(), np.random.get_state()
-        with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
+        # this process's GPU only: forking every visible one's RNG would make a CUDA context on each
+        with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
             llm = LLMEngine.from_engine_args(args)
         random.setstate(states[0])
         np.random.set_state(states[1])
