@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import threading
+from datetime import timedelta
 
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -126,9 +127,14 @@ def rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
     if on_gpu:
         torch.cuda.set_device(local)
     backend = "nccl" if on_gpu else "gloo"
-    dist.init_process_group(backend, world_size=trainers, rank=rank)
-    groups = process_groups.connect(job_store(), rank, trainers, engines, backend, leading=True) if rank == 0 else \
-        Groups(leading=True)
+    control_timeout, data_timeout = _timeouts(cfg)
+    # the data plane (weights, gradients) on the device's backend, its NCCL communicator bound to this rank's GPU
+    dist.init_process_group(backend, world_size=trainers, rank=rank, timeout=data_timeout,
+                            device_id=torch.device("cuda", local) if on_gpu else None)
+    control = dist.new_group(backend="gloo", timeout=control_timeout)  # rank 0's calls: the control plane
+    groups = process_groups.connect(job_store() if rank == 0 else None, rank, trainers, engines, backend, leading=True,
+                                    control=control,
+                                    control_timeout=control_timeout, data_timeout=data_timeout)
     try:
         if rank != 0:
             take_the_warning(signal.SIG_IGN)  # the warning is rank 0's (`launch`)
@@ -186,13 +192,22 @@ def engine_main(cfg: dict, rank: int, local: int, trainers: int, engines: int) -
     if tp > 1:
         dist.init_process_group(backend, store=dist.PrefixStore(f"ablate-tp/{engine}", store), rank=tp_rank,
                                 world_size=tp)
-    groups = process_groups.connect(store, rank, trainers, engines, backend)
+    control_timeout, data_timeout = _timeouts(cfg)
+    groups = process_groups.connect(store, rank, trainers, engines, backend, control_timeout=control_timeout,
+                                    data_timeout=data_timeout)
     try:
         remote.serve(groups)
     finally:
         groups.shutdown()
         if dist.is_initialized():  # the tensor-parallel world (or vLLM's own), before the interpreter's exit
             dist.destroy_process_group()
+
+
+def _timeouts(cfg: dict) -> tuple[timedelta, timedelta]:
+    """(control plane, data plane) timeouts: run.control_timeout_min and run.data_timeout_min."""
+    run = cfg["run"]
+    return (timedelta(minutes=float(run.get("control_timeout_min", 720.0))),
+            timedelta(minutes=float(run.get("data_timeout_min", 30.0))))
 
 
 def _follow(cfg, groups: Groups) -> None:

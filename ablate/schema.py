@@ -270,6 +270,11 @@ class Run:
     generator_gpus: int = 0
     # dense bf16 TFLOP/s of one trainer GPU (an H100's: 989); > 0 logs perf/trainer_mfu each step
     peak_tflops: float = 0.0
+    # the control plane (gloo, whatever the device): how long a trainer rank or an engine process waits for rank 0's
+    # next call, which may come after a model load, an engine start and a whole validation
+    control_timeout_min: float = 720.0
+    # the data plane (NCCL on GPUs): how long one collective of weights or gradients may take before the job fails
+    data_timeout_min: float = 30.0
 
 
 @dataclass

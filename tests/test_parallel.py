@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -458,6 +459,25 @@ def test_a_warning_as_the_ranks_exit_does_not_fail_a_finished_job():
     2-rank + vLLM engine run warned at its last step). Every rank ignores it by then."""
     cfg = OmegaConf.create(_config("run=fsdp"))
     assert processes.launch(cfg, _ignores_the_warning_at_exit) == "done"
+
+
+def _silent_then_a_step(cfg: dict, silent_s: float, groups) -> float:
+    """Rank 0's work in the test below: silent for `silent_s` (a model load, a validation), then a learner step over
+    the data plane with the other rank."""
+    time.sleep(silent_s)
+    cfg = OmegaConf.create(cfg)
+    learner = Learner(cfg, ranks=build(cfg.run, groups=groups))
+    return learner.step(*_batch(cfg))["loss/policy"]
+
+
+def test_a_follower_outwaits_a_silent_rank_0_longer_than_the_data_planes_timeout():
+    """A trainer rank other than 0 waits for rank 0's next call over the control plane (a gloo group with
+    run.control_timeout_min), not over the data plane, whose collectives time out after run.data_timeout_min (NCCL's
+    watchdog on GPUs would end the job): rank 0 silent for 10 s against a 6 s data-plane timeout (time enough for a
+    follower to build its learner when rank 0 says so), then a step together, and the job ends with the step's loss."""
+    cfg = _config("run=fsdp", "run.data_timeout_min=0.1", "run.control_timeout_min=1")
+    loss = processes.launch(OmegaConf.create(cfg), _silent_then_a_step, cfg, 10.0)
+    assert math.isfinite(loss)
 
 
 def _never_reached(groups) -> str:

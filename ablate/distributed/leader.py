@@ -10,11 +10,12 @@ from ablate.distributed.groups import Groups
 
 
 def _broadcast(message, groups: Groups):
-    """Rank 0's message to every trainer rank (the others pass None and get it)."""
+    """Rank 0's message to every trainer rank (the others pass None and get it), over the control group (gloo: a
+    follower waiting here holds no NCCL collective open, whose watchdog would end the job)."""
     import torch.distributed as dist
 
     box = [message]
-    dist.broadcast_object_list(box, src=0, group=groups.trainer)
+    dist.broadcast_object_list(box, src=0, group=groups.control if groups.control is not None else groups.trainer)
     return box[0]
 
 
