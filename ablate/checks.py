@@ -62,7 +62,12 @@ def check_run(cfg: DictConfig) -> None:
     if g < 0:
         raise ValueError(f"run.generator_gpus={g}: 0 (the engine in trainer rank 0's process) or more (engine "
                          "processes of their own)")
-    if g and not capabilities(cfg.generator).engine_processes:
+    able = capabilities(cfg.generator)
+    if n > 1 and g == 0 and not able.beside_trainer_ranks:
+        raise ValueError(f"generator={cfg.generator.name} with run.trainer_gpus={n} and run.generator_gpus=0: its engine "
+                         "cannot share trainer rank 0's process with other trainer ranks (it would make its process "
+                         "groups over theirs and wait for them): give it engine processes, run.generator_gpus >= 1")
+    if g and not able.engine_processes:
         raise ValueError(f"run.generator_gpus={g}: generator={cfg.generator.name} has no engine that runs in a "
                          "process of its own (generator=hf and generator=vllm have)")
     tp = int(cfg.generator.get("tensor_parallel_size", 1))

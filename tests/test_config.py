@@ -153,3 +153,15 @@ def test_the_warm_start_cache_is_the_studys_unless_ablate_cache_names_one(monkey
     monkeypatch.setenv("ABLATE_CACHE", str(tmp_path))
     assert compose([]).paths.cache == str(tmp_path)
     assert compose([f"paths.cache={tmp_path}/mine"]).paths.cache == f"{tmp_path}/mine"  # the command line decides
+
+
+def test_the_paper_preset_is_the_papers_layout_and_the_job_holds_it():
+    """experiment=paper_8b alone: 16 FSDP trainer ranks and 64 vLLM engine processes, 10 nodes of 8 GPUs on SLURM;
+    the layout passes the checks made before submit (ranks, engines, nodes, GPUs)."""
+    from ablate.checks import check_run
+
+    cfg = compose(["experiment=paper_8b"])
+    assert (cfg.run.name, cfg.run.trainer_gpus, cfg.run.generator_gpus) == ("fsdp", 16, 64)
+    assert (cfg.generator.name, cfg.launcher.name, cfg.launcher.nodes, cfg.launcher.gpus_per_node) == \
+        ("vllm", "slurm", 10, 8)
+    check_run(cfg)

@@ -17,7 +17,7 @@ from ablate.trainer import PromptSampler
 
 @pytest.mark.parametrize("option, expected", [
     ("hf", Capabilities(samples_policy=True, engine_processes=True)),
-    ("vllm", Capabilities(samples_policy=True, engine_processes=True)),
+    ("vllm", Capabilities(samples_policy=True, engine_processes=True, beside_trainer_ranks=False)),
     ("mock", Capabilities(samples_policy=False, engine_processes=False)),
 ])
 def test_every_generator_option_declares_its_capabilities_through_the_contract(option, expected):
@@ -35,6 +35,16 @@ def test_engine_processes_are_refused_for_a_generator_that_has_none():
     with pytest.raises(ValueError, match="generator=mock has no engine that runs in a process of its own"):
         check_run(cfg)
     check_run(compose(["generator=hf", "run.generator_gpus=1"]))  # hf has
+
+
+def test_vllm_in_rank_0_beside_other_trainer_ranks_fails_before_submit_in_one_line():
+    """run=fsdp generator=vllm run.generator_gpus=0 hung: vLLM in rank 0 made its groups over every trainer rank while
+    the others waited for rank 0's next call. Now refused before anything runs; with engine processes it is allowed."""
+    with pytest.raises(ValueError, match=r"^generator=vllm with run.trainer_gpus=2 and run.generator_gpus=0: its "
+                                         r"engine cannot share trainer rank 0's process .* run.generator_gpus >= 1$"):
+        check_run(compose(["generator=vllm", "run=fsdp"]))
+    check_run(compose(["generator=vllm", "run=fsdp", "run.generator_gpus=1"]))
+    check_run(compose(["generator=hf", "run=fsdp"]))  # our engine in rank 0 beside FSDP ranks works
 
 
 def test_the_mock_takes_what_it_has_no_use_for_from_the_contract():

@@ -27,6 +27,9 @@ class Capabilities:
 
     samples_policy: bool = True  # its rollouts come from the policy (False: a simulator; no warm start, no gap)
     engine_processes: bool = False  # its engines can decode in processes of their own (run.generator_gpus > 0)
+    # its engine can decode in trainer rank 0's process beside other trainer ranks (run=fsdp, run.generator_gpus=0);
+    # vLLM cannot: it finds torch.distributed initialized there and makes its groups over every trainer rank
+    beside_trainer_ranks: bool = True
 
 
 class Generator(Protocol):

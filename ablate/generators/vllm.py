@@ -13,7 +13,7 @@ import importlib.util
 from pathlib import Path
 
 from ablate.distributed.layouts import Weights
-from ablate.generators.base import Engine
+from ablate.generators.base import Capabilities, Engine
 from ablate.generators.pipelined import PipelineGenerator
 from ablate.policy import build_policy
 
@@ -56,6 +56,8 @@ class VLLMEngines:
 
 class VLLMGenerator(PipelineGenerator):
     """The pipeline generator given vLLM's engine."""
+
+    capabilities = Capabilities(samples_policy=True, engine_processes=True, beside_trainer_ranks=False)
 
     def __init__(self, gpu_memory_utilization: float = 0.5, kv_cache_gib: float | None = None,
                  enforce_eager: bool = False, tensor_parallel_size: int = 1, weight_transfer: str = "staged",
