@@ -74,3 +74,28 @@ def test_log_probs_of_a_transformers_causal_lm_match_its_own_logits():
         p = prompt_mask[i].sum()
         expected = torch.log_softmax(logits[0, p - 1:p - 1 + lengths[i]], -1).gather(-1, ids[0, p:, None])[:, 0]
         assert torch.allclose(logp[i, :lengths[i]], expected, atol=1e-4), i
+
+
+def test_the_bf16_head_casts_the_head_once_not_once_per_chunk():
+    """At V = 128k and H = 4k the head is 0.5 G parameters: casting it for every chunk of 1,024 rows is a copy of it
+    per chunk. Counted here as the copies of the [V, H] weight into bf16, forward and backward (recomputed chunks
+    included), over 5 chunks: one."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Casts(TorchDispatchMode):
+        def __init__(self, shape):
+            super().__init__()
+            self.shape, self.count = shape, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default and tuple(args[0].shape) == self.shape and \
+                    (kwargs or {}).get("dtype") == torch.bfloat16:
+                self.count += 1
+            return func(*args, **(kwargs or {}))
+
+    hidden = torch.randn(10, 8, requires_grad=True)
+    weight = torch.randn(32, 8, requires_grad=True)
+    targets = torch.randint(0, 32, (10,))
+    with Casts((32, 8)) as casts:
+        precision.bf16(hidden, weight, targets, chunk_size=2).sum().backward()
+    assert casts.count == 1 and weight.grad is not None

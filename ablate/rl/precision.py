@@ -33,6 +33,8 @@ def selected_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch
     shape = targets.shape
     flat_h, flat_y = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    weight = weight.to(dtype)  # once, not per chunk: the whole [V, H] head (a no-op when it is already in `dtype`)
+    bias = None if bias is None else bias.to(dtype)
     out = []
     for start in range(0, flat_y.numel(), chunk_size):
         args = (flat_h[start:start + chunk_size], weight, bias, flat_y[start:start + chunk_size], dtype)
