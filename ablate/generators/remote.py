@@ -173,6 +173,8 @@ class RemoteEngine:
             for _, tensor in pairs:
                 tensor = tensor.detach().to(self.weights_dtype) if tensor.is_floating_point() else tensor.detach()
                 self.groups.weights.broadcast(tensor.contiguous(), 0).wait()
+                sent = tensor.device
+            _until_sent(sent if names else None)
             self._answers()
             self.staged = version
 
@@ -393,3 +395,11 @@ def _receive(names: list[str], into: dict[str, torch.Tensor], group) -> None:
     """Rank 0's tensors, in the order of `names`, each broadcast straight into the staging copy's own tensor."""
     for name in names:
         group.broadcast(into[name], 0).wait()
+    _until_sent(next(iter(into.values())).device if names else None)
+
+
+def _until_sent(device: torch.device | None) -> None:
+    """An NCCL work's `wait()` only orders this stream after it: block until the transfers are done, so that the
+    sync's time (perf/weight_*_s) includes them and a reply says they have landed. Nothing to wait for on the CPU."""
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
