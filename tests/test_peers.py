@@ -145,6 +145,14 @@ def _ours(loss_fn, aggregate, logp, old, adv, mask, group):
     return value, grad
 
 
+def _beside_trl(trainer, batch, loss_fn, aggregate, group):
+    """TRL's loss and its gradient on `batch`, and ours on the same log-probs: (ours, our grad, TRL's, TRL's grad)."""
+    trl_value, logp, trl_grad = _trl_loss(trainer, batch)
+    value, grad = _ours(loss_fn, aggregate, logp, batch["old_per_token_logps"], batch["advantages"],
+                        batch["completion_mask"].bool(), group)
+    return value, grad, trl_value, trl_grad
+
+
 def _groups(n: int) -> torch.Tensor:
     return torch.arange(n // G).repeat_interleave(G)
 
@@ -198,10 +206,9 @@ def test_loss_x_aggregation_matches_trl(make_trl, option, loss, agg, loss_type):
     gen = torch.Generator().manual_seed(1)
     delta = SPREAD[loss] * torch.randn(batch["completion_ids"].shape, generator=gen)
     batch["old_per_token_logps"] = _logps(trainer, batch) - delta  # log rho = delta (up to the forward's rounding)
-    trl_value, logp, trl_grad = _trl_loss(trainer, batch)
     mask = batch["completion_mask"].bool()
-    value, grad = _ours(loss_fn, option("aggregation", agg)[1], logp, batch["old_per_token_logps"],
-                        batch["advantages"], mask, _groups(len(LENGTHS)))
+    value, grad, trl_value, trl_grad = _beside_trl(trainer, batch, loss_fn, option("aggregation", agg)[1],
+                                                   _groups(len(LENGTHS)))
     torch.testing.assert_close(value, trl_value, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(grad, trl_grad, rtol=1e-5, atol=1e-8)
     assert grad[mask].abs().sum() > 0
@@ -247,9 +254,8 @@ def test_prompt_mean_equals_trls_grpo_when_a_prompts_samples_have_one_length(mak
     batch = _score(make_trl, trainer, REWARDS, lengths)
     batch["old_per_token_logps"] = _logps(trainer, batch) - 0.3 * torch.randn(
         batch["completion_ids"].shape, generator=torch.Generator().manual_seed(2))
-    trl_value, logp, trl_grad = _trl_loss(trainer, batch)
-    value, grad = _ours(loss_fn, aggregation.prompt_mean, logp, batch["old_per_token_logps"], batch["advantages"],
-                        batch["completion_mask"].bool(), _groups(len(lengths)))
+    value, grad, trl_value, trl_grad = _beside_trl(trainer, batch, loss_fn, aggregation.prompt_mean,
+                                                   _groups(len(lengths)))
     torch.testing.assert_close(value, trl_value, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(grad, trl_grad, rtol=1e-5, atol=1e-8)
 
@@ -412,9 +418,7 @@ def test_sample_mean_leaves_a_fully_masked_row_out_where_trl_counts_it(make_trl,
         assert mask.any(dim=1).tolist() == eos_last
         batch["old_per_token_logps"] = _logps(trainer, batch) - 0.3 * torch.randn(
             mask.shape, generator=torch.Generator().manual_seed(3))
-        trl_value, logp, trl_grad = _trl_loss(trainer, batch)
-        value, grad = _ours(loss_fn, agg, logp, batch["old_per_token_logps"], batch["advantages"], mask,
-                            _groups(12))
+        value, grad, trl_value, trl_grad = _beside_trl(trainer, batch, loss_fn, agg, _groups(12))
         torch.testing.assert_close(value, trl_value * factor, rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(grad, trl_grad * factor, rtol=1e-5, atol=1e-8)
 
@@ -450,10 +454,9 @@ def test_ppo_off_policy_k_trl_token_denominator_spans_the_generation_batch(make_
         assert sum(sizes) == n_gen and sizes[0] != sizes[1]
         for batch, n_step in zip(steps, sizes):
             assert "old_per_token_logps" in batch  # TRL's own forward: k > 1 steps per generation
-            trl_value, logp, trl_grad = _trl_loss(trainer, batch)
             # rows are shuffled across the k steps, groups split: per-row aggregations need no group ids
-            value, grad = _ours(loss_fn, agg, logp, batch["old_per_token_logps"], batch["advantages"],
-                                batch["completion_mask"].bool(), torch.arange(len(batch["advantages"])))
+            value, grad, trl_value, trl_grad = _beside_trl(trainer, batch, loss_fn, agg,
+                                                           torch.arange(len(batch["advantages"])))
             factor = n_gen / (K * n_step) if level == "dapo" else 1.0
             torch.testing.assert_close(value, trl_value * factor, rtol=1e-5, atol=1e-7)
             torch.testing.assert_close(grad, trl_grad * factor, rtol=1e-5, atol=1e-8)
@@ -492,8 +495,7 @@ def test_trl_num_iterations_keeps_each_batchs_own_denominator(make_trl, option):
     assert "old_per_token_logps" in batch  # TRL's own forward: the batch is revisited
     batch["old_per_token_logps"] = batch["old_per_token_logps"] - 0.3 * torch.randn(
         batch["completion_ids"].shape, generator=torch.Generator().manual_seed(6))
-    trl_value, logp, trl_grad = _trl_loss(trainer, batch)
-    value, grad = _ours(loss_fn, aggregation.token_mean, logp, batch["old_per_token_logps"], batch["advantages"],
-                        batch["completion_mask"].bool(), _groups(len(LENGTHS)))
+    value, grad, trl_value, trl_grad = _beside_trl(trainer, batch, loss_fn, aggregation.token_mean,
+                                                   _groups(len(LENGTHS)))
     torch.testing.assert_close(value, trl_value, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(grad, trl_grad, rtol=1e-5, atol=1e-8)

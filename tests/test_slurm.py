@@ -229,17 +229,37 @@ def _wait_for_step(tmp_path, step, timeout=240) -> str:
     raise AssertionError(f"the run did not reach step {step}:\n{_status(tmp_path).stdout}")
 
 
-def _assert_complete(client, run_id, steps):
-    assert client.get_run(run_id).info.status == "FINISHED"
+def _assert_contiguous(client, run_id) -> int:
+    """Every step from 0 to the last one logged is there once: none lost, none logged twice. Returns the last."""
     for key in client.get_run(run_id).data.metrics:
         logged = [m.step for m in client.get_metric_history(run_id, key)]
         assert len(logged) == len(set(logged)), f"{key}: a step logged twice"
     compute = sorted(m.step for m in client.get_metric_history(run_id, "compute/gpu_hours"))
-    assert compute == list(range(0, steps + 1)), "a step is missing"
+    assert compute == list(range(0, compute[-1] + 1)), "a step is missing"
+    return compute[-1]
 
 
-RESUMABLE = ["sweep=recipes", "sweep.recipes=[scalerl]", "train.steps=400", "train.checkpoint_every=20",
+def _assert_complete(client, run_id, steps):
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert _assert_contiguous(client, run_id) == steps
+
+
+# Too many steps to finish within the test: an interruption can never come after the run's end, however fast the
+# machine. Each test waits for the run's own state (a step logged, a restart tagged), never for a time.
+RESUMABLE = ["sweep=recipes", "sweep.recipes=[scalerl]", "train.steps=100000", "train.checkpoint_every=20",
              "train.val_every=5"]
+
+
+def _wait_for_resume(tmp_path, run_id, steps_after=10, timeout=240) -> int:
+    """The step the run resumed from, once it has logged `steps_after` steps past it."""
+    deadline = time.monotonic() + timeout
+    client, _ = _client(tmp_path)
+    while time.monotonic() < deadline:
+        time.sleep(2)
+        resumed = client.get_run(run_id).data.tags.get("ablate.resumed_from")
+        if resumed is not None and _last_step(client, run_id) >= int(resumed) + steps_after:
+            return int(resumed)
+    raise AssertionError(f"run {run_id} did not resume and go on:\n{_status(tmp_path).stdout}")
 
 
 @pytest.mark.slow  # the default suite requeues a warned job here, and resumes a killed run in test_resume.py
@@ -249,12 +269,13 @@ def test_a_requeued_job_resumes_its_run_with_no_lost_or_duplicated_steps(slurm, 
     run_id = _wait_for_step(tmp_path, 45)
     job = _manifest(tmp_path)["jobs"][0]["job_id"]
     slurm.run("scontrol", "requeue", job)  # as a preemption: the job is killed and queued again
-    status = _wait_until_done(tmp_path, timeout=400)
-    assert status.returncode == 0, status.stdout
+    resumed = _wait_for_resume(tmp_path, run_id)
+    assert resumed >= 20  # the second start used a checkpoint
+    assert run_cli("-m", "launch", "cancel", cwd=tmp_path).returncode == 0
+    _wait_until_done(tmp_path)
     client, exp = _client(tmp_path)
     assert len([r for r in client.search_runs([exp]) if r.data.tags["ablate.role"] == "variant"]) == 1
-    _assert_complete(client, run_id, 400)
-    assert int(client.get_run(run_id).data.tags["ablate.resumed_from"]) >= 20  # the second start used a checkpoint
+    _assert_contiguous(client, run_id)
 
 
 @pytest.mark.slow  # test_resume.py resumes a killed run the same way
@@ -272,10 +293,10 @@ def test_a_cancelled_sweep_resumes_when_run_again(slurm, tmp_path):
 
     again = _ablate(tmp_path, *RESUMABLE, env=slurm.env)
     assert "1 to run, 0 already FINISHED" in again.stdout  # the cancelled one, into the same run
-    status = _wait_until_done(tmp_path, timeout=400)
-    assert status.returncode == 0, status.stdout
-    _assert_complete(client, run_id, 400)
-    assert int(client.get_run(run_id).data.tags["ablate.resumed_from"]) >= 20
+    assert _wait_for_resume(tmp_path, run_id) >= 20
+    assert run_cli("-m", "launch", "cancel", cwd=tmp_path).returncode == 0
+    _wait_until_done(tmp_path)
+    _assert_contiguous(client, run_id)
 
 
 FSDP_JOB = pytest.param(["run=fsdp", "launcher.gpus_per_node=2"], marks=pytest.mark.slow)  # 2 ranks: minutes
