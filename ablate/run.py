@@ -25,7 +25,7 @@ from ablate.config import compose, merge_overrides, override_key, signature
 from ablate.progress import SweepDisplay, StepBar
 from ablate.sweeps import Variant
 from launch.status import ALIVE, job_states
-from launch.submit import JobSpec, Submission, submit
+from launch.submit import JobSpec, Submission, check_request, resolve_cluster, submit
 
 
 @dataclass
@@ -134,6 +134,14 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     for p in planned:
         check_compute(p.cfg.train)
         check_run(p.cfg)
+    launcher = OmegaConf.to_container(cfg.launcher, resolve=True, enum_to_str=True)
+    cluster = resolve_cluster(str(launcher["cluster"]))
+    if cluster == "slurm":
+        check_request(launcher)  # a request no node of the partition can hold: before any run is created
+    gpus, per_job = local_gpus(planned[0].cfg) if cluster == "local" else ([], 0)
+    if per_job > len(gpus):
+        raise ValueError(f"each variant's layout takes {per_job} GPU(s) (run.trainer_gpus + run.generator_gpus) and "
+                         f"this machine has {len(gpus)}")
     uri = tracking.check_reachable(cfg.tracking.uri, cfg.tracking.timeout_s)  # before any job starts
     client = tracking.client(uri)
     exp_id = tracking.experiment_id(client, cfg.tracking.experiment)
@@ -159,12 +167,12 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
 
     from ablate.job import run_variant
 
-    launcher = OmegaConf.to_container(cfg.launcher, resolve=True, enum_to_str=True)
     about = {"sweep": sid, "tracking_uri": uri, "experiment": cfg.tracking.experiment, "parent_run_id": parent,
              "metrics": ["val/pass_rate", "compute/gpu_hours"]}
     submitting = time.perf_counter()
     submission = submit(run_variant, specs, launcher, folder, job_name=f"ablate-{sid}",
-                        done=lambda spec: skip_reasons.get(kinds[spec.signature]), about=about)
+                        done=lambda spec: skip_reasons.get(kinds[spec.signature]), about=about, gpus=gpus,
+                        gpus_per_job=per_job)
     submit_s = time.perf_counter() - submitting
     new = [it for it in submission.items if not it.skipped_as]
     finished, alive = (sum(1 for k in kinds.values() if k == kind) for kind in ("finished", "alive"))
@@ -189,6 +197,22 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     if cfg.sweep.report:
         make_report(cfg, uri, sid, [it.spec.meta["run_id"] for it in submission.items])
     return 1 if failed else 0
+
+
+def local_gpus(cfg: DictConfig) -> tuple[list[str], int]:
+    """This machine's GPUs (their ids, as CUDA_VISIBLE_DEVICES lists them) and how many of them one local job takes:
+    its layout's trainer ranks and engine processes when the model is on a GPU, none on the CPU."""
+    import os
+
+    import torch
+
+    from ablate.policy import device_of
+
+    if device_of(cfg.model).type != "cuda":
+        return [], 0
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = [g for g in listed.split(",") if g] if listed else [str(i) for i in range(torch.cuda.device_count())]
+    return gpus, int(cfg.run.trainer_gpus) + int(cfg.run.get("generator_gpus", 0))
 
 
 def interrupt(submission: Submission, client, parent: str, wait_s: float = 15.0) -> int:

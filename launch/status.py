@@ -59,6 +59,22 @@ def slurm_states(job_ids: list[str]) -> dict[str, str]:
     return states
 
 
+def pending_reasons(job_ids: list[str]) -> dict[str, str]:
+    """Why SLURM holds each of these jobs pending (squeue's reason: Priority, Resources, BeginTime, PartitionConfig,
+    ...), for the pending ones; empty where squeue does not answer."""
+    ids = {j for j in job_ids if j}
+    if not ids or shutil.which("squeue") is None:
+        return {}
+    out = subprocess.run(["squeue", "-h", "-r", "-t", "PENDING", "-o", "%i|%r"], capture_output=True, text=True,
+                         timeout=60)
+    reasons = {}
+    for line in out.stdout.splitlines():
+        job, _, reason = line.partition("|")
+        if job.strip() in ids and reason.strip() not in ("", "None"):
+            reasons[job.strip()] = reason.strip()
+    return reasons
+
+
 def local_states(job_ids: list[str]) -> dict[str, str]:
     """Local jobs are processes: RUNNING while their pid lives."""
     states = {}
@@ -89,6 +105,8 @@ class Row:
 
 def rows(manifest: dict, tail_lines: int = 15) -> list[Row]:
     states = job_states(manifest)
+    pending = [job for job, state in states.items() if state == "PENDING"]
+    reasons = pending_reasons(pending) if pending and manifest.get("cluster") == "slurm" else {}
     client = _client(manifest.get("tracking_uri"))
     shown_metrics = manifest.get("metrics", [])
     out = []
@@ -109,6 +127,8 @@ def rows(manifest: dict, tail_lines: int = 15) -> list[Row]:
         else:
             raw = states.get(job.get("job_id", ""), "UNKNOWN")
             state = SHOWN.get(raw, raw.lower())
+            if job.get("job_id") in reasons:  # pending, and why: a request no node can hold never starts
+                state = f"{state} ({reasons[job['job_id']]})"
             if manifest.get("cluster") != "slurm" and raw == "ENDED":
                 state = {"FINISHED": "completed", "FAILED": "failed", "KILLED": "cancelled"}.get(run_status, "ended")
         error = _traceback_tail(manifest, job, tail_lines) if state == "failed" else None

@@ -59,6 +59,52 @@ def resolve_cluster(requested: str) -> str:
     return requested
 
 
+def check_request(launcher: Mapping[str, Any]) -> None:
+    """Fail before submitting, naming the resource, when no node of the job's partition (the default one when none
+    is named) can hold what each of its nodes asks for: SLURM would accept the job and leave it pending for ever
+    (reason PartitionConfig or Resources). From `sinfo`'s nodes; says nothing when sinfo does not answer."""
+    partition = launcher.get("partition")
+    command = ["sinfo", "-h", "-N", "-o", "%N|%P|%c|%m|%G"] + (["-p", str(partition)] if partition else [])
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    if out.returncode != 0:
+        return
+    nodes = [_node(line) for line in out.stdout.splitlines() if line.count("|") == 4]
+    nodes = [n for n in nodes if partition or n["default"]]
+    where = f"partition {partition}" if partition else "the default partition"
+    if not nodes:
+        raise ValueError(f"launcher.partition={partition}: SLURM has no such partition" if partition else
+                         "launcher.partition is not set and SLURM has no default partition: name one")
+    asked = {"cpus": int(launcher.get("cpus_per_task") or 1), "mem_mb": int(launcher.get("mem_gb") or 0) * 1024,
+             "gpus": int(launcher.get("gpus_per_node") or 0)}
+    names = {"cpus": ("launcher.cpus_per_task", "CPUs"), "mem_mb": ("launcher.mem_gb", "MB of memory"),
+             "gpus": ("launcher.gpus_per_node", "GPUs")}
+    for resource, need in asked.items():
+        most = max(n[resource] for n in nodes)
+        if need > most:
+            key, what = names[resource]
+            raise ValueError(f"{key}={launcher.get(key.split('.')[1])}: no node of {where} has that many {what} (the "
+                             f"most: {most}); SLURM would leave the job pending for ever")
+    holding = sum(all(n[r] >= need for r, need in asked.items()) for n in nodes)
+    if holding < int(launcher.get("nodes") or 1):
+        raise ValueError(f"launcher.nodes={launcher.get('nodes')}: {where} has {holding} node(s) that hold "
+                         f"{asked['cpus']} CPUs, {asked['mem_mb'] // 1024} GB and {asked['gpus']} GPUs each")
+
+
+def _node(line: str) -> dict:
+    """One line of `sinfo -N -o %N|%P|%c|%m|%G`: the node's CPUs, memory (MB) and GPUs (gres gpu[:type]:N)."""
+    _, partition, cpus, mem, gres = line.split("|")
+    gpus = 0
+    for item in gres.split(","):
+        fields = item.split("(")[0].split(":")
+        if fields[0] == "gpu" and fields[-1].isdigit():
+            gpus += int(fields[-1])
+    return {"default": partition.endswith("*"), "cpus": int(cpus.rstrip("+")), "mem_mb": int(mem.rstrip("+")),
+            "gpus": gpus}
+
+
 def executor_parameters(launcher: Mapping[str, Any], cluster: str, job_name: str) -> dict:
     """submitit's parameters for the launcher config (shared names bare, SLURM's with the slurm_ prefix)."""
     params: dict[str, Any] = {"name": job_name, "timeout_min": launcher["timeout_min"], "nodes": launcher["nodes"],
@@ -199,15 +245,29 @@ def run_in_turn(fn: Callable, arg_lists: Sequence[tuple]) -> list[Optional[str]]
 
 class Submission:
     """The jobs of one sweep. SLURM and debug: one job per spec, as one job array. Local: at most `max_parallel`
-    worker processes, each running its share of the specs in turn (run_in_turn)."""
+    worker processes, each running its share of the specs in turn (run_in_turn); when each job takes `gpus_per_job`
+    of this machine's `gpus` (their ids), each worker sees its own (CUDA_VISIBLE_DEVICES), and no more workers run
+    than there are GPUs for."""
 
     def __init__(self, fn: Callable, specs: Sequence[JobSpec], executor, cluster: str, folder: Path,
                  done: Callable[[JobSpec], Optional[str]] = lambda spec: None, max_parallel: int = 0,
-                 about: Optional[Mapping[str, Any]] = None):
+                 about: Optional[Mapping[str, Any]] = None, gpus: Sequence[str] = (), gpus_per_job: int = 0):
         self.fn, self.executor, self.cluster, self.folder = fn, executor, cluster, folder
         self.about = dict(about or {})  # what the caller wants in the manifest (e.g. where the runs are tracked)
         self.items = [Submitted(spec, skipped_as=done(spec)) for spec in specs]
         self.max_parallel = max_parallel or (os.cpu_count() or 1)
+        # per local worker, the GPUs it sees (submitit's local executor sets CUDA_VISIBLE_DEVICES from these; by
+        # default from gpus_per_node alone, the same first GPUs for every job)
+        self.gpu_sets: list[Optional[list[int]]] = [None] * self.max_parallel
+        if cluster == "local" and gpus_per_job > 0:
+            if gpus_per_job > len(gpus):
+                raise ValueError(f"each job takes {gpus_per_job} GPU(s) and this machine has {len(gpus)}")
+            if not all(str(g).isdigit() for g in gpus):
+                raise ValueError(f"CUDA_VISIBLE_DEVICES={','.join(map(str, gpus))}: local jobs need GPUs by index")
+            sets = [[int(g) for g in gpus[i:i + gpus_per_job]]
+                    for i in range(0, len(gpus) - gpus_per_job + 1, gpus_per_job)]
+            self.gpu_sets = sets[:self.max_parallel]
+            self.max_parallel = len(self.gpu_sets)
 
     @property
     def todo(self) -> list[Submitted]:
@@ -222,7 +282,10 @@ class Submission:
             threads = str(max(1, (os.cpu_count() or 1) // len(shares)))  # workers share the cores, not oversubscribe
             with _environ(OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", threads)), \
                     _output_to(self.folder / "local-controllers.log"), _ctrl_c_ignored():
-                for share in shares:
+                for share, gpu_set in zip(shares, self.gpu_sets):
+                    if gpu_set is not None:  # LocalExecutor's own (AutoExecutor passes on only `setup` to it)
+                        local = getattr(self.executor, "_executor", self.executor)
+                        local.update_parameters(gpus_per_node=len(gpu_set), visible_gpus=gpu_set)
                     job = self.executor.submit(run_in_turn, self.fn, [it.spec.args for it in share])
                     for index, it in enumerate(share):
                         it.job, it.index = job, index
@@ -285,12 +348,14 @@ class Submission:
 
 def submit(fn: Callable, specs: Sequence[JobSpec], launcher: Mapping[str, Any], folder: Path, job_name: str,
            done: Callable[[JobSpec], Optional[str]] = lambda spec: None,
-           about: Optional[Mapping[str, Any]] = None) -> Submission:
-    """Submit every spec that `done` does not answer for, as one job array; return at once."""
+           about: Optional[Mapping[str, Any]] = None, gpus: Sequence[str] = (), gpus_per_job: int = 0) -> Submission:
+    """Submit every spec that `done` does not answer for, as one job array; return at once. Local jobs that take
+    `gpus_per_job` GPUs each share this machine's `gpus` (their ids) out between them."""
     cluster = resolve_cluster(str(launcher["cluster"]))
     executor = make_executor(folder, cluster, executor_parameters(launcher, cluster, job_name),
                              max_requeues=int(launcher.get("max_requeues", 20)))
     return Submission(fn, specs, executor, cluster, folder, done=done,
-                      max_parallel=int(launcher.get("max_parallel_local") or 0), about=about).start()
+                      max_parallel=int(launcher.get("max_parallel_local") or 0), about=about, gpus=gpus,
+                      gpus_per_job=gpus_per_job).start()
 
 

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -208,3 +212,69 @@ def test_a_local_workers_controller_ignores_ctrl_c_and_the_worker_takes_it(tmp_p
     while not job.done() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert job.done() and marker.read_text() == "interrupted"
+
+
+def test_sinfo_lines_give_each_nodes_cpus_memory_and_gpus():
+    """`sinfo -N -o %N|%P|%c|%m|%G` as SLURM writes it: gres with or without a type and a socket list, several
+    gres, none; a `+` on a count of nodes that differ; the default partition's `*`."""
+    from launch.submit import _node
+
+    assert _node("gpu01|gpu*|64|512000|gpu:h100:8(S:0-1)") == {"default": True, "cpus": 64, "mem_mb": 512000,
+                                                                 "gpus": 8}
+    assert _node("n1|cpu|32+|128000|(null)") == {"default": False, "cpus": 32, "mem_mb": 128000, "gpus": 0}
+    assert _node("n2|mix|16|64000|gpu:2,shard:8")["gpus"] == 2
+
+
+def _note_gpus(path: str) -> None:
+    """A local worker's item: write down the GPUs its process sees."""
+    Path(path).write_text(os.environ.get("CUDA_VISIBLE_DEVICES", "all"))
+
+
+def test_local_jobs_on_a_machine_of_several_gpus_each_see_their_own(tmp_path):
+    """A machine of 5 GPUs (their ids as its CUDA_VISIBLE_DEVICES lists them), jobs of 2 GPUs each: two workers at
+    once (a third would have none), each seeing 2 GPUs no other sees; the jobs of a worker, in turn, its own two.
+    (Before, submitit's local executor gave every job the first launcher.gpus_per_node GPUs: all on the same ones.)"""
+    import cloudpickle
+
+    from launch.submit import JobSpec, submit
+
+    launcher = {"cluster": "local", "timeout_min": 5, "nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1,
+                "max_parallel_local": 4}
+    specs = [JobSpec(f"item{i}", f"s{i}", (str(tmp_path / f"seen{i}"),)) for i in range(4)]
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the worker cannot import the tests
+    try:
+        submission = submit(_note_gpus, specs, launcher, tmp_path / "jobs", job_name="gpus",
+                            gpus=["7", "6", "5", "4", "3"], gpus_per_job=2)
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    assert len(submission.jobs()) == 2
+    deadline = time.monotonic() + 120
+    while not submission.finished() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    seen = [(tmp_path / f"seen{i}").read_text() for i in range(4)]
+    assert seen == ["7,6", "5,4", "7,6", "5,4"]  # items dealt round robin to the two workers
+
+
+def test_a_local_sweep_whose_layout_takes_more_gpus_than_the_machine_has_fails_before_any_run(tmp_path):
+    """The local jobs' GPUs come from what the layout takes (trainer ranks + engine processes, on a GPU model); one
+    that this machine cannot hold is refused, naming both numbers, before a run is created."""
+    from ablate.config import compose
+    from ablate.run import local_gpus
+
+    cfg = compose(["run=fsdp", "run.generator_gpus=1", "model.device=cuda", "generator=hf"])
+    os.environ["CUDA_VISIBLE_DEVICES"], previous = "0,1", os.environ.get("CUDA_VISIBLE_DEVICES")
+    try:
+        assert local_gpus(cfg) == (["0", "1"], 3)
+        assert local_gpus(compose(["model.device=cpu"])) == ([], 0)
+    finally:
+        if previous is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES")
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = previous
+    out = run_cli("-m", "ablate", "sweep=recipes", "sweep.recipes=[scalerl]", "launcher=local", "run=fsdp",
+                  "run.generator_gpus=1", "model.device=cuda", cwd=tmp_path,
+                  env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert out.returncode == 2
+    assert "error: each variant's layout takes 3 GPU(s) (run.trainer_gpus + run.generator_gpus) and this machine " \
+           "has 2" in out.stderr
+    assert not (tmp_path / "mlflow.db").exists()

@@ -202,6 +202,30 @@ def test_a_gpu_request_reaches_the_job(slurm, tmp_path):
     assert (tmp_path / "out.txt").read_text().strip() == "CUDA_VISIBLE_DEVICES=0,1"
 
 
+def test_a_request_no_node_can_hold_fails_before_submit_naming_it(slurm, tmp_path):
+    """SLURM accepts a job no node of its partition can hold and leaves it pending for ever: refused here before
+    anything is created, naming the resource (the test cluster's nodes have 8 GPUs; partition `two` has 2 nodes)."""
+    out = _ablate(tmp_path, "sweep=recipes", "sweep.recipes=[scalerl]", "launcher.gpus_per_node=16", env=slurm.env)
+    assert out.returncode == 2
+    assert "error: launcher.gpus_per_node=16: no node of the default partition has that many GPUs (the most: 8)" \
+        in out.stderr
+    out = _ablate(tmp_path, "sweep=recipes", "sweep.recipes=[scalerl]", "run=fsdp", "run.trainer_gpus=3",
+                  "launcher.nodes=3", "launcher.partition=two", env=slurm.env)
+    assert out.returncode == 2
+    assert "error: launcher.nodes=3: partition two has 2 node(s) that hold 1 CPUs, 1 GB and 1 GPUs each" in out.stderr
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "outputs" / "tiny" / "jobs").exists()
+
+
+def test_a_pending_job_shows_why_in_status(slurm, tmp_path):
+    out = _ablate(tmp_path, "sweep=recipes", "sweep.recipes=[scalerl]", "+launcher.additional.begin=now+1hour",
+                  env=slurm.env)
+    assert out.returncode == 0, out.stderr
+    try:
+        assert " pending (BeginTime) " in _status(tmp_path).stdout
+    finally:
+        assert run_cli("-m", "launch", "cancel", cwd=tmp_path).returncode == 0
+
+
 def test_a_failed_job_shows_its_traceback_in_status(slurm, tmp_path):
     # the mock's simulated crash: the job raises at step 2
     out = _ablate(tmp_path, "sweep=recipes", "sweep.recipes=[scalerl]", "train.steps=20",
