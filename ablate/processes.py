@@ -133,8 +133,7 @@ def rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
                             device_id=torch.device("cuda", local) if on_gpu else None)
     control = dist.new_group(backend="gloo", timeout=control_timeout)  # rank 0's calls: the control plane
     groups = process_groups.connect(job_store() if rank == 0 else None, rank, trainers, engines, backend, leading=True,
-                                    control=control,
-                                    control_timeout=control_timeout, data_timeout=data_timeout)
+                                    control=control, control_timeout=control_timeout, data_timeout=data_timeout)
     try:
         if rank != 0:
             take_the_warning(signal.SIG_IGN)  # the warning is rank 0's (`launch`)
@@ -156,8 +155,9 @@ def rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
                 Leader(groups, rank).stop()
                 remote.release(groups)  # engine processes the trainer never reached (it ended before building them)
                 groups.shutdown()
-        dist.barrier()  # no rank tears the group down while another may still be in it (a failed rank's launcher
-        # stops the others instead)
+        # no rank tears the groups down while another may still be in them (a failed rank's launcher stops the others
+        # instead); on the control plane: rank 0 may first be closing engine processes
+        dist.barrier(group=groups.control)
         return result
     finally:
         dist.destroy_process_group()
