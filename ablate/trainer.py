@@ -431,10 +431,9 @@ class _Run:
             outcome = self._step(step, tick)
             if outcome is None:
                 break
-            metrics, tick = outcome
-            if step % cfg.train.val_every == 0 or step == cfg.train.steps:
-                metrics["val/pass_rate"] = self.generator.validate(state.gpu_hours, policy=self.learner.weights(),
-                                                                   step=step)
+            metrics, tick, weights = outcome
+            if step % cfg.train.val_every == 0 or step == cfg.train.steps:  # the weights just published: one gather
+                metrics["val/pass_rate"] = self.generator.validate(state.gpu_hours, policy=weights, step=step)
             if step % cfg.train.log_every == 0 or "val/pass_rate" in metrics:
                 tracker.log_metrics(metrics, step=step)
             if step % cfg.train.checkpoint_every == 0 and step < cfg.train.steps:
@@ -450,10 +449,10 @@ class _Run:
         self.tracker.flush()  # first: every step up to the checkpoint is in the store before a resume skips it
         self.checkpoint.save(self.state, self.learner, self.sampler, self.generator)
 
-    def _step(self, step: int, tick: float) -> tuple[dict, float] | None:
+    def _step(self, step: int, tick: float) -> tuple[dict, float, Weights] | None:
         """Optimizer step `step` (its device time counted from `tick`): rollouts, rewards, filtering, the learner's
-        update, the weights to the generator; returns the step's metrics and when it ended, or None when the run
-        ends here."""
+        update, the weights to the generator; returns the step's metrics, when it ended and the weights published,
+        or None when the run ends here."""
         state, generator, tracker = self.state, self.generator, self.tracker
         l_max = self.cfg.generation.max_think_tokens + self.cfg.generation.max_answer_tokens
         try:
@@ -478,7 +477,8 @@ class _Run:
             log.warning("run %s diverged at step %d: %s", self.run_id, step, err)
             return None
         began = time.perf_counter()
-        generator.publish(self.learner.weights(), step)
+        weights = self.learner.weights()
+        generator.publish(weights, step)
         now = time.perf_counter()
         publish_s, wall = now - began, now - tick
         state.step = step
@@ -501,7 +501,7 @@ class _Run:
             **_cluster_perf(self.cfg.run, self.n_params, rollouts, keep, learner_s, publish_s,
                             self.learner.ranks.world, {**generator.perf(), **generator.clock.perf()}),
         }
-        return metrics, now
+        return metrics, now, weights
 
 
 def _staleness(rollouts: Rollouts, version: int) -> dict:

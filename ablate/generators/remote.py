@@ -169,12 +169,12 @@ class RemoteEngine:
             (weights.names(), weights.stream())
         with self._lock:
             self._ask("stage", names, version)  # refused: nothing was sent, the staging copies keep what they had
-            self.staged = None
+            self.staged, device = None, None
             for _, tensor in pairs:
                 tensor = tensor.detach().to(self.weights_dtype) if tensor.is_floating_point() else tensor.detach()
                 self.groups.weights.broadcast(tensor.contiguous(), 0).wait()
-                sent = tensor.device
-            _until_sent(sent if names else None)
+                device = tensor.device
+            _until_sent(device)
             self._answers()
             self.staged = version
 
