@@ -1,0 +1,107 @@
+"""One command for whoever has a GPU for a few minutes: the GPU tests and benchmarks that fit the devices it sees, in
+at most --budget seconds (default 600), then one table (step, devices, result, seconds, what it said last).
+
+    python bench/gpu_check.py              # on a GPU machine (vLLM's steps need the vllm extra)
+    python bench/gpu_check.py --plan       # what it would run here, and nothing else
+
+Without a GPU it prints its plan and exits 0, so that CI runs it and it cannot rot (tests/test_gpu_check.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    gpus: int  # the fewest GPUs it needs
+    budget_s: int  # its time limit
+    command: tuple[str, ...]
+
+
+PYTEST = (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=")
+STEPS = (
+    Step("CUDA tests (devices, mixed precision)", 1, 120, PYTEST + ("-m", "gpu and not vllm", "tests/")),
+    Step("vLLM in-process on CUDA (graphs on), its rules and loads", 1, 180,
+         PYTEST + ("-m", "vllm", "tests/test_vllm.py", "-k",
+                   "not processes_of_their_own and not straight and not warned_direct")),
+    Step("learner MFU and memory; hf vs vLLM tokens/s; weight sync", 1, 180,
+         (sys.executable, "bench/bench_gpu.py", "--learner-steps", "2", "--run-steps", "3", "--forms", "2")),
+    Step("vLLM tokens/s with CUDA graphs off", 1, 60,
+         (sys.executable, "bench/bench_gpu.py", "--parts", "generators", "--eager")),
+    Step("FSDP over NCCL + vLLM engine processes, staged, direct, tensor parallel", 3, 300,
+         PYTEST + ("-m", "vllm", "tests/test_vllm.py", "-k",
+                   "processes_of_their_own or straight or warned_direct")),
+)
+
+
+def plan(gpus: int) -> list[Step]:
+    """The steps that fit `gpus` devices, in order."""
+    return [step for step in STEPS if step.gpus <= gpus]
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:100] if lines else ""
+
+
+def run(steps: list[Step], budget_s: float) -> list[tuple[Step, str, float, str]]:
+    """Each step in a process of its own, within its own limit and what is left of `budget_s`."""
+    results, deadline = [], time.monotonic() + budget_s
+    for step in steps:
+        left = deadline - time.monotonic()
+        if left < 10:
+            results.append((step, "skipped: out of time", 0.0, ""))
+            continue
+        began = time.monotonic()
+        try:
+            out = subprocess.run(step.command, cwd=ROOT, capture_output=True, text=True,
+                                 timeout=min(step.budget_s, left))
+            result, said = ("passed" if out.returncode == 0 else f"failed ({out.returncode})"), \
+                _last_line(out.stdout + out.stderr)
+        except subprocess.TimeoutExpired:
+            result, said = "timed out", ""
+        results.append((step, result, time.monotonic() - began, said))
+        print(f"{step.name}: {result}", file=sys.stderr, flush=True)
+    return results
+
+
+def table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--plan", action="store_true", help="print what would run here, run nothing")
+    parser.add_argument("--budget", type=float, default=600.0, help="seconds for all the steps together")
+    args = parser.parse_args()
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    steps = plan(gpus)
+    print(f"{gpus} GPU(s) here: {len(steps)} of {len(STEPS)} steps fit"
+          + ("" if gpus else " (none without a GPU: this is the plan for 1 and for 3+ GPUs)"))
+    if args.plan or not gpus:
+        rows = [["step", "GPUs", "limit s", "command"]]
+        rows += [[s.name, f">= {s.gpus}", str(s.budget_s), " ".join(s.command[1:] if s.command[0] == sys.executable
+                                                                      else s.command)] for s in STEPS]
+        print(table(rows))
+        return 0
+    rows = [["step", "GPUs", "result", "s", "said last"]]
+    rows += [[s.name, str(s.gpus), result, f"{seconds:.0f}", said]
+             for s, result, seconds, said in run(steps, args.budget)]
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
