@@ -26,6 +26,8 @@ from ablate.policy import build_policy
 from ablate.rollouts import Rollouts
 from ablate.trainer import Learner
 
+# paper_8b's layout is 16 trainer ranks and 64 engine processes: this benchmark's is one device
+ONE_DEVICE = ["run=one_process", "run.trainer_gpus=1", "run.generator_gpus=0"]
 # --small: a CPU's size, computing in fp32 (bf16 matmuls run ~50x slower than fp32 on CPUs without bf16 units: 0.9
 # against 45 GFLOP/s measured on a 2-core machine like CI's)
 SMALL = ["model.hidden_size=256", "model.intermediate_size=0", "model.num_layers=4", "model.num_heads=4",
@@ -35,8 +37,8 @@ SMALL = ["model.hidden_size=256", "model.intermediate_size=0", "model.num_layers
 def _config(args, *overrides: str):
     shape = SMALL if args.small else []
     dtype = [f"model.dtype={args.dtype}"] if args.dtype else []
-    cfg = compose(["experiment=paper_8b", "model=llama_1b", *shape, *dtype, "generator=hf", "task=synthetic",
-                   "optim.warmup_steps=1", f"model.device={args.device}", *overrides])
+    cfg = compose(["experiment=paper_8b", *ONE_DEVICE, "model=llama_1b", *shape, *dtype, "generator=hf",
+                   "task=synthetic", "optim.warmup_steps=1", f"model.device={args.device}", *overrides])
     return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
 
 
@@ -196,7 +198,8 @@ def whole_run(args, device: torch.device) -> None:
         shape += [f"model.dtype={args.dtype}"] if args.dtype else []
         extra = ["generator.enforce_eager=true", "generator.kv_cache_gib=1"] if generator == "vllm" and \
             device.type == "cpu" else []
-        run = run_trainer(["experiment=paper_8b", "model=llama_1b", *shape, f"model.device={args.device}",
+        run = run_trainer(["experiment=paper_8b", *ONE_DEVICE, "model=llama_1b", *shape,
+                           f"model.device={args.device}",
                            f"generator={generator}", *extra, "task=synthetic", "task.warm_start_steps=0",
                            f"batch.prompts_per_step={args.run_prompts}", "batch.samples_per_prompt=16",
                            f"generation.max_think_tokens={args.run_tokens * 3 // 4}",

@@ -113,8 +113,9 @@ def test_paper_8b_learns_at_lr_5e_7_every_step(saved_model, tmp_path, mlflow_uri
     a folder, shrunk to a CPU's size: every optimizer step changes most of the weights, even the first at lr 5e-9
     (warmup). The synthetic task and its warm start stand in for math, which a random model never gets right (no
     reward variance, so zero-variance filtering leaves nothing to learn from)."""
-    cfg = compose(["experiment=paper_8b", f"model.path={saved_model}", "model.device=cpu", "generator=hf",
-                   "task=synthetic", "batch.prompts_per_step=8",
+    cfg = compose(["experiment=paper_8b", "run=one_process", "run.trainer_gpus=1", "run.generator_gpus=0",
+                   f"model.path={saved_model}", "model.device=cpu",
+                   "generator=hf", "task=synthetic", "batch.prompts_per_step=8",
                    "batch.samples_per_prompt=8", "generation.max_think_tokens=12", "generation.max_answer_tokens=8",
                    "train.steps=3", "train.val_every=100", "task.n_val_prompts=2", "task.val_samples=2",
                    "task.warm_start_steps=100",
