@@ -135,29 +135,31 @@ def rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
     groups = process_groups.connect(job_store() if rank == 0 else None, rank, trainers, engines, backend, leading=True,
                                     control=control, control_timeout=control_timeout, data_timeout=data_timeout)
     try:
+        result, clean = None, False
         if rank != 0:
             take_the_warning(signal.SIG_IGN)  # the warning is rank 0's (`launch`)
-            result = _follow(OmegaConf.create(cfg), groups)
+            clean = _follow(OmegaConf.create(cfg), groups)
         else:
             try:
                 # what the trainer hands the warning to once it has checkpointed: the end of this rank (the launcher's
                 # process requeues the job); one that came while this rank started ends it here, before `fn`
                 take_the_warning(stop_for_requeue)
-                result = fn(*args, groups=groups, **kwargs)
+                result, clean = fn(*args, groups=groups, **kwargs), True
             except SystemExit as stop:  # stopped at SLURM's warning (`stop_for_requeue`): an end like any other
                 if stop.code not in (0, None):
                     raise
-                result = None
+                clean = True
             finally:
                 # the run is over: a warning now changes nothing, and would end this process once Python, exiting,
                 # resets its handlers to the default (which for USR2 is to die: a finished job reported failed)
                 signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-                Leader(groups, rank).stop()
+                Leader(groups, rank).stop(clean)  # failing, rank 0 meets nobody: the others must not wait for it
                 remote.release(groups)  # engine processes the trainer never reached (it ended before building them)
                 groups.shutdown()
         # no rank tears the groups down while another may still be in them (a failed rank's launcher stops the others
         # instead); on the control plane: rank 0 may first be closing engine processes
-        dist.barrier(group=groups.control)
+        if clean:
+            dist.barrier(group=groups.control)
         return result
     finally:
         dist.destroy_process_group()
@@ -210,7 +212,7 @@ def _timeouts(cfg: dict) -> tuple[timedelta, timedelta]:
             timedelta(minutes=float(run.get("data_timeout_min", 30.0))))
 
 
-def _follow(cfg, groups: Groups) -> None:
+def _follow(cfg, groups: Groups) -> bool:
     """A trainer rank other than 0: build its learner on the FSDP layout when rank 0 builds its own, then make the
     calls rank 0 makes (ablate/distributed/leader.py)."""
     from ablate.distributed.layouts import FSDP
@@ -221,4 +223,4 @@ def _follow(cfg, groups: Groups) -> None:
         ranks = FSDP(int(cfg.run.trainer_gpus), groups=groups)
         return Learner(cfg, build_policy(cfg.model, cfg.seed, build_tokenizer(cfg.model)), ranks=ranks)
 
-    follow(groups, make_learner)
+    return follow(groups, make_learner)

@@ -48,8 +48,9 @@ class Leader:
     def load(self, payload: dict, folder) -> None:
         self._tell("load", payload, folder)
 
-    def stop(self) -> None:
-        self._tell("stop")
+    def stop(self, clean: bool = True) -> None:
+        """The end: `clean` when rank 0 meets the others once more before they leave (False: it is failing)."""
+        self._tell("stop", clean)
 
 
 class _Follower:
@@ -84,14 +85,15 @@ class _Follower:
 _CALLS = {name: getattr(_Follower, name) for name in ("begin", "step", "gather", "stream", "save", "load")}
 
 
-def follow(groups: Groups, make_learner: Callable) -> None:
-    """A trainer rank other than 0: make each call rank 0 tells it to, until it says stop. `make_learner()` builds
-    this rank's learner (on the FSDP layout) when rank 0 builds its own."""
+def follow(groups: Groups, make_learner: Callable) -> bool:
+    """A trainer rank other than 0: make each call rank 0 tells it to, until it says stop; returns whether rank 0
+    ends cleanly (and so meets this rank once more). `make_learner()` builds this rank's learner (on the FSDP layout)
+    when rank 0 builds its own."""
     follower = _Follower(make_learner)
     while True:
         name, args = _broadcast(None, groups)
         if name == "stop":
-            return
+            return bool(args[0]) if args else True
         if name not in _CALLS:
             raise RuntimeError(f"unknown call from rank 0: {name!r}")
         _CALLS[name](follower, *args)
