@@ -87,8 +87,8 @@ def capabilities(node: DictConfig | Mapping) -> Capabilities:
 
 
 class Engine(Protocol):
-    """What the pipeline drives: a decoder of rows, one decode step per `step()`, whose weights change between
-    steps. Ours in torch (engine.py), vLLM's (vllm_engine.py), or a handle on engines in processes of their own
+    """What the pipeline drives: a decoder of rows, one decode step per `step()` (a run of them per `advance`),
+    whose weights change between steps. Ours in torch (engine.py), vLLM's (vllm_engine.py), or a handle on engines in processes of their own
     (remote.py), which `stages` weights: `stage` sends them now, `load(None, version)` takes what was staged."""
 
     stages: ClassVar[bool]  # new weights go to a staging copy first (`stage`), then `load(None, version)` takes it
@@ -98,6 +98,7 @@ class Engine(Protocol):
     waves: list  # the waves of rows in flight
     weights_dtype: torch.dtype  # the dtype it keeps its weights in
     devices: int  # the devices one decode step runs on (tokens/s are per device)
+    decode_steps: int  # decode steps taken so far
 
     @property
     def running(self) -> int:
@@ -109,6 +110,11 @@ class Engine(Protocol):
 
     def step(self) -> list[Sequence]:
         """One decode step of every wave in flight; returns the rows that ended."""
+        ...
+
+    def advance(self, steps: int, seconds: float = 0.0) -> list[Sequence]:
+        """Decode steps until one in which a wave ended, `steps` of them, or (seconds > 0) `seconds` passed; returns
+        the rows that ended (ablate.generators.engine.advance, which in-process engines call)."""
         ...
 
     def load(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | None,

@@ -16,6 +16,7 @@ the token under the distribution it was sampled from.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -168,6 +169,9 @@ class Engine:
         self.decode_steps += 1
         return ended
 
+    def advance(self, steps: int, seconds: float = 0.0) -> list[Sequence]:
+        return advance(self, steps, seconds)
+
     def _step_wave(self, wave: _Wave) -> list[Sequence]:
         logits = self._logits(wave.hidden)
         if not torch.isfinite(logits).all():
@@ -213,6 +217,24 @@ class Engine:
         if head.bias is not None:
             logits = logits + head.bias.to(self.head_dtype)
         return logits.float() / self.temperature
+
+
+def advance(engine, steps: int, seconds: float = 0.0) -> list[Sequence]:
+    """Decode steps of `engine` until one in which a wave ended (its last rows), `steps` of them, or (seconds > 0)
+    once `seconds` have passed, whichever comes first; the rows that ended. What the pipeline asks of an engine
+    between two looks (the points where it may start a wave or load weights): a wave's end is the only event that
+    lets it act, so one process decodes as step by step, and an engine process answers once per run of steps
+    instead of once per step (docs/design.md#engine-processes)."""
+    ended: list[Sequence] = []
+    deadline = time.perf_counter() + seconds if seconds > 0 else None
+    for _ in range(steps):
+        waves = len(engine.waves)
+        if not waves:
+            break
+        ended += engine.step()
+        if len(engine.waves) < waves or (deadline is not None and time.perf_counter() >= deadline):
+            break
+    return ended
 
 
 def decode(engine, rows: list[Sequence], max_waves: int, wave_rows: int) -> None:

@@ -11,6 +11,11 @@ Two ways to run the same rules:
 - deterministic (false): one thread; the trainer's `batch(s)` decodes until batch s is complete, and weights
   published after step s are taken before the next decode step. The update points are fixed decode-step counts, so
   the same seed and config give the same tokens, rewards and validation curve.
+
+Between two looks the engine runs free (`Engine.advance`): until a wave ends (the only event that lets the rules
+start a wave or take weights), one step when a wave is due, at most RUN_AHEAD_STEPS steps, and in the concurrent
+mode RUN_AHEAD_S seconds (weights published meanwhile wait that long at most). An engine process so answers once
+per run of steps, not once per step; in one process the tokens are the same as step by step.
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ from ablate.generators.engine import Sequence
 from ablate.distributed.layouts import Weights, weights_of
 from ablate.rollouts import Rollouts
 from ablate.tasks.base import PromptsExhausted
+
+RUN_AHEAD_STEPS = 256  # decode steps an engine takes between two looks of the pipeline, at most
+RUN_AHEAD_S = 0.05  # concurrent mode: and seconds (a decode step of an 8B model on a GPU: ~20-50 ms)
 
 
 class Pipeline:
@@ -48,7 +56,8 @@ class Pipeline:
         self.stopping = False
         self.generator_idle_s = self.trainer_wait_s = 0.0
         self.clock_start = time.perf_counter()
-        self.window = {"start": self.clock_start, "tokens": 0, "load_s": 0.0}  # since the last `perf()`
+        self.window = {"start": self.clock_start, "tokens": 0, "load_s": 0.0, "looks": 0,  # since the last `perf()`
+                       "steps": engine.decode_steps}
         self.thread: threading.Thread | None = None
         if concurrent:
             self.thread = threading.Thread(target=self._run, name="generator", daemon=True)
@@ -113,12 +122,15 @@ class Pipeline:
 
     def perf(self) -> dict:
         """Since the run started: the generator's idle and the trainer's waiting fractions. Since the last call
-        (a step): the engines' tokens per second per engine (one device each) and their seconds loading weights."""
+        (a step): the engines' tokens per second per engine (one device each), their seconds loading weights, and
+        the decode steps they ran per look of the pipeline (per request, for engines in processes of their own)."""
         now = time.perf_counter()
         wall = max(now - self.clock_start, 1e-9)
         with self.lock:
-            window, self.window = self.window, {"start": now, "tokens": 0, "load_s": 0.0}
-        return {"perf/generator_idle_frac": self.generator_idle_s / wall,
+            window, self.window = self.window, {"start": now, "tokens": 0, "load_s": 0.0, "looks": 0,
+                                                "steps": self.engine.decode_steps}
+        return {"perf/decode_steps_per_look": (self.engine.decode_steps - window["steps"]) / max(window["looks"], 1),
+                "perf/generator_idle_frac": self.generator_idle_s / wall,
                 "perf/trainer_wait_frac": self.trainer_wait_s / wall,
                 "perf/generator_tokens_per_s_per_gpu": window["tokens"] / max(now - window["start"], 1e-9)
                 / self.engine.devices,
@@ -158,7 +170,9 @@ class Pipeline:
                         self.lock.wait(timeout=1.0)
                         self.generator_idle_s += time.perf_counter() - idle
                         continue
-                ended = self.engine.step()
+                    reach = self._reach()
+                    self.window["looks"] += 1
+                ended = self.engine.advance(*reach)
                 with self.lock:
                     self._collect(ended)
                     if ended:
@@ -174,7 +188,18 @@ class Pipeline:
         if not self.engine.running:
             raise RuntimeError(f"the generator cannot start batch {self.next_batch} with weights of version "
                                f"{self.engine.version}: the off-policy rule holds it back, and nothing is running")
-        self._collect(self.engine.step())
+        self.window["looks"] += 1
+        self._collect(self.engine.advance(*self._reach()))
+
+    def _reach(self) -> tuple[int, float]:
+        """How far the engine may decode before the next look: (steps, seconds; 0: no time limit)."""
+        if self._may_start():  # another wave starts after the next step: waves stay one step apart at least
+            return 1, 0.0
+        return RUN_AHEAD_STEPS, RUN_AHEAD_S if self.thread is not None else 0.0
+
+    def _may_start(self) -> bool:
+        return len(self.engine.waves) < self.max_waves and self.exhausted is None and \
+            self.off_policy.may_start(self.next_batch, self.engine.version)
 
     def _load_and_start(self) -> None:
         if self.pending is not None:
@@ -187,8 +212,7 @@ class Pipeline:
                 self.pending = None
         # At most one new wave per decode step, as continuous batching admits requests: waves stay staggered, so
         # new weights land in the middle of the others' rows.
-        if len(self.engine.waves) < self.max_waves and self.exhausted is None and \
-                self.off_policy.may_start(self.next_batch, self.engine.version) and self._start(self.next_batch):
+        if self._may_start() and self._start(self.next_batch):
             self.next_batch += 1
 
     def _start(self, batch: int) -> bool:

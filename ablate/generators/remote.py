@@ -95,6 +95,7 @@ class RemoteEngine:
         self._running = [0] * len(self.members)  # rows running on each engine
         self._next_key = 0
         self.waves: list[int] = []  # rows per wave in flight on the busiest engine (the pipeline counts them)
+        self.decode_steps = 0  # of the engine that took the most in each request
         replies = self._all("init", dict(model), limits, engine_args, build,
                             per_engine=[(engine_seed(seed, k),) for k, members in enumerate(self.members)
                                         for _ in members])
@@ -133,9 +134,16 @@ class RemoteEngine:
         self.waves = max(waves, key=len, default=self.waves)
 
     def step(self) -> list[Sequence]:
+        return self.advance(1)
+
+    def advance(self, steps: int, seconds: float = 0.0) -> list[Sequence]:
+        """Every busy engine decodes until a wave of its own ends, `steps` steps, or `seconds` (ablate.generators.
+        engine.advance), all at once; one request and one answer each, however many steps they took."""
         busy = [k for k, count in enumerate(self._running) if count]
-        mine, waves = [], []
-        for k, (ended, engine_waves) in zip(busy, self._each_engine("step", busy)):
+        mine, waves, took = [], [], 0
+        for k, (ended, engine_waves, taken) in zip(busy, self._each_engine("advance", busy,
+                                                                          [(steps, seconds)] * len(busy))):
+            took = max(took, taken)
             self._running[k] -= len(ended)
             waves.append(engine_waves)
             for key, row in ended:
@@ -143,6 +151,7 @@ class RemoteEngine:
                 own.__dict__.update(row.__dict__)  # the pipeline's object, as the engine left it
                 mine.append(own)
         self.waves = max(waves, key=len, default=[])
+        self.decode_steps += took
         return mine
 
     def _each_engine(self, name: str, engines: list[int], args: list[tuple] | None = None) -> list:
@@ -244,8 +253,8 @@ class RemoteEngine:
 def _outcome(reply) -> list:
     """What a start or step reply decided: the rows' tokens (a step's), the waves' sizes."""
     if isinstance(reply, tuple):
-        ended, waves = reply
-        return [(key, row.tokens) for key, row in ended] + [waves]
+        ended, *rest = reply
+        return [(key, row.tokens) for key, row in ended] + rest
     return reply
 
 
@@ -313,9 +322,10 @@ class _Served:
         self.engine.start([row for _, row in keyed])
         return [len(w) for w in self.engine.waves]
 
-    def step(self) -> tuple[list, list[int]]:
-        done = [(self.keys.pop(id(row)), row) for row in self.engine.step()]
-        return done, [len(w) for w in self.engine.waves]
+    def advance(self, steps: int, seconds: float) -> tuple[list, list[int], int]:
+        before = self.engine.decode_steps
+        done = [(self.keys.pop(id(row)), row) for row in self.engine.advance(steps, seconds)]
+        return done, [len(w) for w in self.engine.waves], self.engine.decode_steps - before
 
     def rng_get(self):
         return self.engine.rng.get_state()
@@ -338,8 +348,8 @@ class _Served:
             log.warning("the generator engine's process (rank %d) could not close its engine: %s", rank, err)
 
 
-_REQUESTS = {name: getattr(_Served, name) for name in ("init", "load", "decode_staged", "start", "step", "rng_get",
-                                                        "rng_set", "checksums")}
+_REQUESTS = {name: getattr(_Served, name)
+             for name in ("init", "load", "decode_staged", "start", "advance", "rng_get", "rng_set", "checksums")}
 
 
 def serve(groups: Groups) -> None:

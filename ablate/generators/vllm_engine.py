@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ablate.generators.engine import Limits, Sequence, append_token
+from ablate.generators.engine import Limits, Sequence, advance, append_token
 from ablate.generators.vllm_weights import BACKEND as WEIGHT_BACKEND
 from ablate.generators.vllm_weights import GROUP_BACKEND, EngineClient, InProcessSender, layer_runs
 from ablate.generators.vllm_weights import register as register_backend
@@ -195,6 +195,9 @@ class VLLMEngine:
         self.waves = [w for w in self.waves if not all(r.done for r in w)]
         self.decode_steps += 1
         return ended
+
+    def advance(self, steps: int, seconds: float = 0.0) -> list[Sequence]:
+        return advance(self, steps, seconds)
 
     def decode_apart(self, rows: list[Sequence], seed: int, wave_rows: int) -> list[Sequence]:
         """Every row to its end with the weights vLLM holds (validation, under generator.weight_transfer=direct:
