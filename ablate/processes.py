@@ -215,12 +215,12 @@ def _timeouts(cfg: dict) -> tuple[timedelta, timedelta]:
 def _follow(cfg, groups: Groups) -> bool:
     """A trainer rank other than 0: build its learner on the FSDP layout when rank 0 builds its own, then make the
     calls rank 0 makes (ablate/distributed/leader.py)."""
-    from ablate.distributed.layouts import FSDP
     from ablate.policy import build_policy, build_tokenizer
+    from ablate.registry import build
     from ablate.trainer import Learner
 
     def make_learner():
-        ranks = FSDP(int(cfg.run.trainer_gpus), groups=groups)
+        ranks = build(cfg.run, groups=groups)  # the layout rank 0 builds (run=fsdp)
         return Learner(cfg, build_policy(cfg.model, cfg.seed, build_tokenizer(cfg.model)), ranks=ranks)
 
     return follow(groups, make_learner)

@@ -268,6 +268,9 @@ class Run:
     # generator engines in processes (and on GPUs) of their own, fed by trainer rank 0's pipeline; 0: the engine
     # decodes in rank 0's process (ablate/generators/remote.py)
     generator_gpus: int = 0
+    # FSDP: each pass's gradients reduce-scattered into the shards (4N/ranks bytes a rank); false: accumulated whole
+    # on every rank (4N bytes: 32 GB at 8B) and reduce-scattered once a step, one collective instead of one a pass
+    sharded_gradients: bool = True
     # dense bf16 TFLOP/s of one trainer GPU (an H100's: 989); > 0 logs perf/trainer_mfu each step
     peak_tflops: float = 0.0
     # the control plane (gloo, whatever the device): how long a trainer rank or an engine process waits for rank 0's

@@ -68,11 +68,19 @@ def _step(cfg, ranks=None) -> dict:
         return real_step(*args, **kwargs)
 
     learner.optimizer.step = step_and_keep
+    held = []  # gradient bytes held at the start of every pass (after the one before) and before the update
+    learner.scorer.register_forward_pre_hook(lambda *_: held.append(learner.ranks.gradient_bytes(learner.scorer)))
+    learner.optimizer.register_step_pre_hook(lambda *_: held.append(learner.ranks.gradient_bytes(learner.scorer)))
+    layer = learner.policy.get_decoder().layers[0]
+    seen = set()  # the dtypes of the residual stream (a decoder layer's output) and of a norm's output
+    layer.register_forward_hook(lambda m, i, o: seen.add(("residual", (o[0] if isinstance(o, tuple) else o).dtype)))
+    layer.input_layernorm.register_forward_hook(lambda m, i, o: seen.add(("norm", o.dtype)))
     metrics = learner.step(*_batch(cfg))
     after = {n: _full(p) for n, p in learner.policy.named_parameters()}
     dtypes = {str(p.dtype) for p in learner.policy.parameters()}
     kinds = {type(p.data).__name__ for p in learner.policy.parameters()}
-    return {"metrics": metrics, "grads": grads, "before": before, "after": after, "dtypes": dtypes, "kinds": kinds}
+    return {"metrics": metrics, "grads": grads, "before": before, "after": after, "dtypes": dtypes, "kinds": kinds,
+            "gradient_bytes": held, "computed_in": seen, "params": sum(w.numel() for w in before.values())}
 
 
 def _resumed(cfg, ranks, folder: Path) -> dict:
@@ -128,6 +136,7 @@ def _rank(rank: int, init_file: str, configs: list, out: str) -> None:
     try:
         ranks = FSDP()
         results = [_step(OmegaConf.create(c), ranks=ranks) for c in configs]
+        results.append(_step(OmegaConf.create(configs[1]), ranks=FSDP(sharded_gradients=False)))
         resumed = _resumed(OmegaConf.create(configs[0]), ranks, Path(out).parent / "checkpoint")
         synced = _synced(OmegaConf.create(configs[0]), ranks)
         if rank == 0:
@@ -200,6 +209,35 @@ def test_fp32_master_weights_move_at_the_papers_lr_with_bf16_compute(two_ranks):
     assert changed > 0.5 * total, f"{changed} of {total} weights moved"
     one = _step(OmegaConf.create(configs[1]))  # one process, autocast bf16: the same loss to bf16's precision
     assert fsdp["metrics"]["loss/policy"] == pytest.approx(one["metrics"]["loss/policy"], rel=5e-3, abs=1e-5)
+
+
+def test_fsdp_computes_in_bf16_as_one_process_does_residual_stream_and_norms_in_fp32(two_ranks):
+    """bf16 compute on 2 FSDP ranks and in one process (autocast): the residual stream between decoder layers and
+    the norms' outputs in the same dtype (fp32: FSDP2's default casts a layer's inputs and gathers its norms in
+    bf16), and the same loss and gradients to bf16's precision."""
+    configs, results, *_ = two_ranks
+    fsdp, one = results[1], _step(OmegaConf.create(configs[1]))
+    assert one["computed_in"] == {("residual", torch.float32), ("norm", torch.float32)}
+    assert fsdp["computed_in"] == one["computed_in"]
+    assert fsdp["metrics"]["loss/policy"] == pytest.approx(one["metrics"]["loss/policy"], rel=1e-3, abs=1e-6)
+    assert fsdp["grads"].keys() == one["grads"].keys()
+    for name, g in one["grads"].items():  # a bf16 tolerance: 2^-8 of the gradient's size
+        assert (fsdp["grads"][name] - g).norm() <= 2 ** -8 * g.norm() + 1e-9, name
+
+
+def test_accumulated_gradients_stay_sharded_so_a_rank_holds_its_share(two_ranks):
+    """Gradient accumulation over a step's passes (11 micro-batches a rank here, bf16 compute): with
+    run.sharded_gradients (the default) a rank holds its shard of the fp32 gradient, 4N / 2 bytes, between passes;
+    accumulated whole (FSDP2's no-sync) it holds 4N, a whole fp32 gradient (32 GB at 8B)."""
+    _, results, *_ = two_ranks
+    sharded, whole = results[1], results[2]
+    full = 4 * sharded["params"]
+    assert len(sharded["gradient_bytes"]) >= 4  # several passes, then the update
+    assert max(sharded["gradient_bytes"]) <= full / WORLD * 1.01
+    assert max(whole["gradient_bytes"]) >= full * 0.99
+    assert whole["metrics"]["loss/policy"] == pytest.approx(sharded["metrics"]["loss/policy"], rel=1e-6)
+    for name, g in sharded["grads"].items():  # the same sum, reduced per pass or once
+        torch.testing.assert_close(whole["grads"][name], g, rtol=1e-5, atol=1e-9, msg=name)
 
 
 def test_a_sharded_checkpoint_resumes_the_same_run(two_ranks):

@@ -30,6 +30,13 @@ def _dealt(lengths: torch.Tensor, trained: torch.Tensor, rank: int, world: int) 
     return mine
 
 
+def _norms(layer: torch.nn.Module) -> list[torch.nn.Module]:
+    """A decoder layer's norms: its leaf modules whose parameters are all vectors (RMSNorm's, LayerNorm's weight and
+    bias), which compute in fp32 whatever the compute dtype."""
+    return [m for m in layer.modules() if m is not layer and not any(True for _ in m.children())
+            and any(True for _ in m.parameters()) and all(p.dim() == 1 for p in m.parameters())]
+
+
 class OneProcess:
     """Every row in this process (the default layout: one device, or the CPU)."""
 
@@ -54,6 +61,11 @@ class OneProcess:
 
     def sync_gradients(self, scorer: torch.nn.Module, now: bool) -> None:
         pass
+
+    @staticmethod
+    def gradient_bytes(scorer: torch.nn.Module) -> int:
+        """Bytes of gradients held now (each parameter's .grad)."""
+        return sum(p.grad.numel() * p.grad.element_size() for p in scorer.parameters() if p.grad is not None)
 
     def save(self, learner, folder: Path, tag: int) -> dict:
         """The learner's part of a checkpoint's payload."""
@@ -87,15 +99,19 @@ class FSDP:
 
     Rows are dealt to the ranks by length (`_dealt`); every rank then runs as many forward/backward passes as the
     busiest one (FSDP's all-gathers and reduce-scatters pair up across ranks), a rank with fewer micro-batches
-    running a pass whose loss is weighted 0. Gradients are reduce-scattered once, after the step's last pass, as a
-    sum in fp32. Needs torch.distributed initialized (by `launch`, or by a test's processes) with a backend for the
-    weights' device: nccl on GPUs, gloo on the CPU.
+    running a pass whose loss is weighted 0. Gradients are summed over the ranks in fp32 by reduce-scatter: after
+    every pass into the shards (`sharded_gradients`, the default: a rank holds 4N/ranks bytes of gradients), or
+    once, after the step's last pass (FSDP2 then accumulates a whole fp32 gradient on every rank, 4N bytes, for one
+    collective a step instead of one a pass). In bf16 compute the decoder layers are gathered in bf16, their norms
+    in fp32, and the residual stream between them stays in fp32, as autocast leaves it in one process
+    (docs/design.md#trainer-ranks). Needs torch.distributed initialized (by `launch`, or by a test's processes)
+    with a backend for the weights' device: nccl on GPUs, gloo on the CPU.
     """
 
     ranks = (2, None)
 
-    def __init__(self, trainer_gpus: int = 2, generator_gpus: int = 0, groups: Groups | None = None,
-                 **_: object) -> None:
+    def __init__(self, trainer_gpus: int = 2, generator_gpus: int = 0, sharded_gradients: bool = True,
+                 groups: Groups | None = None, **_: object) -> None:
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
@@ -107,6 +123,7 @@ class FSDP:
         if self.world != trainer_gpus:
             raise ValueError(f"run.trainer_gpus={trainer_gpus}, but {self.world} ranks were started")
         self.leader = Leader(self.groups, self.rank)
+        self.sharded_gradients = sharded_gradients
         # rank 0's unsharded copy (`gathered`), for an engine in its process and validation there; none when the
         # engines have processes of their own: they get the weights streamed from the shards and validate there
         self.keeps_whole = self.rank == 0 and not generator_gpus
@@ -127,9 +144,15 @@ class FSDP:
             self.full = copy.deepcopy(scorer.model)
         mesh = DeviceMesh.from_group(self.group, self.device.type)  # the trainer ranks (engine processes apart)
         gathered = None if scorer.compute_dtype == torch.float32 else scorer.compute_dtype
-        layers = MixedPrecisionPolicy(param_dtype=gathered, reduce_dtype=torch.float32)
-        groups = [fully_shard(layer, mesh=mesh, mp_policy=layers) for layer in scorer.model.get_decoder().layers]
-        groups.append(fully_shard(scorer, mesh=mesh, mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.float32)))
+        # the layers' inputs as they come (the residual stream in fp32, as under autocast in one process), their
+        # matmuls' weights gathered in the compute dtype (autocast's cast of them), their norms in fp32
+        layers = MixedPrecisionPolicy(param_dtype=gathered, reduce_dtype=torch.float32, cast_forward_inputs=False)
+        fp32 = MixedPrecisionPolicy(reduce_dtype=torch.float32, cast_forward_inputs=False)
+        groups = []
+        for layer in scorer.model.get_decoder().layers:
+            groups += [fully_shard(norm, mesh=mesh, mp_policy=fp32) for norm in _norms(layer)]
+            groups.append(fully_shard(layer, mesh=mesh, mp_policy=layers))
+        groups.append(fully_shard(scorer, mesh=mesh, mp_policy=fp32))
         for group in groups:  # each shard group reduces its own gradients
             group.set_gradient_divide_factor(1.0)  # a sum over ranks: each rank's loss is its share of the whole
             group.set_force_sum_reduction_for_comms(True)  # as plain SUM (gloo has no pre-multiplied sum)
@@ -145,7 +168,23 @@ class FSDP:
         return self._reduce(value, "SUM")
 
     def sync_gradients(self, scorer: torch.nn.Module, now: bool) -> None:
-        scorer.set_requires_gradient_sync(now)
+        scorer.set_requires_gradient_sync(now or self.sharded_gradients)
+
+    @staticmethod
+    def gradient_bytes(scorer: torch.nn.Module) -> int:
+        """Bytes of gradients this rank holds now: each parameter's sharded gradient, and the whole ones FSDP2
+        accumulates between passes without a reduce-scatter (`FSDPParam.unsharded_accumulated_grad`, or the
+        unsharded parameter's own .grad: private attributes of torch 2.11-2.13). For the memory benchmark and tests."""
+        total = 0
+        for module in scorer.modules():
+            state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
+            group = state._fsdp_param_group if state is not None else None
+            for param in group.fsdp_params if group is not None else ():
+                unsharded = getattr(param, "_unsharded_param", None)
+                held = [param.unsharded_accumulated_grad, unsharded.grad if unsharded is not None else None,
+                        param.sharded_param.grad.to_local() if param.sharded_param.grad is not None else None]
+                total += sum(g.numel() * g.element_size() for g in held if g is not None)
+        return total
 
     def lead_step(self, *batch) -> None:
         self.leader.step(*batch)
