@@ -1,8 +1,10 @@
 """Checks made before any run is created or job submitted, each failing in one line that names the key: a model
-that does not load, a reference layout the clock cannot use, a trainer layout its option or the job cannot hold."""
+that does not load, a reference layout the clock cannot use, a trainer layout its option or the job cannot hold, a
+layout whose processes would not fit their GPUs' memory."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -108,3 +110,92 @@ def check_run(cfg: DictConfig) -> None:
     if nodes > 1 and cluster in ("local", "debug"):
         raise ValueError(f"launcher.nodes={nodes} needs SLURM (launcher=slurm): launcher={cluster} runs on this "
                          "machine alone")
+
+
+def model_shape(model: DictConfig):
+    """The decoder's shape (ablate.memory.Shape): model.path's config.json, or the model built from the fields."""
+    from ablate.memory import Shape
+
+    if model.path:
+        import transformers
+
+        return Shape.of(transformers.AutoConfig.from_pretrained(os.path.expanduser(str(model.path))))
+    from ablate.policy import build_tokenizer
+
+    heads = int(model.num_heads)
+    return Shape(layers=int(model.num_layers), hidden=int(model.hidden_size),
+                 intermediate=int(model.get("intermediate_size", 0) or 4 * model.hidden_size), heads=heads,
+                 kv_heads=heads, vocab=int(model.vocab_size or len(build_tokenizer(model))))
+
+
+def layout_memory(cfg: DictConfig, gpu_gb: float) -> list:
+    """Each kind of process of the run's layout on its GPU at its peak (ablate.memory.Process, in bytes): trainer
+    rank 0 (with the generator's engine when it has no process of its own), another trainer rank, an engine
+    process. Why these parts: docs/design.md#the-memory-model."""
+    import torch
+    from hydra.utils import get_object
+
+    from ablate import memory
+
+    shape = model_shape(cfg.model)
+    size = lambda dtype: torch.empty((), dtype=getattr(torch, str(dtype))).element_size()  # noqa: E731
+    compute, head = size(cfg.model.dtype), size(cfg.precision.head_dtype)
+    n, g = int(cfg.run.trainer_gpus), int(cfg.run.get("generator_gpus", 0))
+    gen = cfg.generation
+    row_tokens = int(gen.max_prompt_tokens) + int(gen.max_think_tokens) + int(gen.max_answer_tokens)
+    tokens = memory.micro_batch_tokens(int(cfg.train.micro_batch_size), int(cfg.train.micro_batch_tokens or 0),
+                                       row_tokens)
+    rank = dict(ranks=n, micro_tokens=tokens, checkpointing=bool(cfg.train.activation_checkpointing),
+                compute=compute, head=head, sharded_gradients=bool(cfg.run.get("sharded_gradients", True)))
+    generator = get_object(str(cfg.generator._target_))
+    first = memory.trainer(shape, **rank, name="trainer rank 0")
+    if not g:
+        if n > 1:  # FSDP's rank 0 keeps the policy whole for the engine beside it and validation (layouts.FSDP)
+            first.bytes["whole copy of the policy (fp32)"] = 4 * shape.params
+        first.bytes.update(generator.engine_memory(cfg, shape, gpu_gb * memory.GB, processes=0))
+    processes = [first]
+    if n > 1:
+        processes.append(memory.trainer(shape, **rank, name="each other trainer rank"))
+    if g:
+        processes.append(memory.Process("each engine process",
+                                        generator.engine_memory(cfg, shape, gpu_gb * memory.GB, processes=g)))
+    return processes
+
+
+def gpu_memory_gb(cfg: DictConfig, cluster: str) -> float | None:
+    """A GPU's memory for the check before submit: launcher.gpu_memory_gb when set; on SLURM with GPUs, 80 (an
+    H100's); here, the smallest visible CUDA device's; None when the run is on CPUs (nothing to check)."""
+    import torch
+
+    from ablate.policy import device_of
+
+    device = str(cfg.model.get("device", "auto"))
+    if device != "auto" and not device.startswith("cuda"):
+        return None
+    if cluster == "slurm" and not int(cfg.launcher.gpus_per_node) > 0:  # a job of CPUs
+        return None
+    if cfg.launcher.get("gpu_memory_gb"):
+        return float(cfg.launcher.gpu_memory_gb)
+    if cluster == "slurm":
+        return 80.0
+    if device_of(cfg.model).type == "cuda":
+        return min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())) / 1e9
+    return None
+
+
+def check_memory(cfg: DictConfig, gpu_gb: float | None) -> list:
+    """Fail at once, in one line, when a process of the layout would not fit a GPU of `gpu_gb` GB by the memory
+    model, naming its estimate, the memory and its biggest part. Returns the estimate (nothing to check: [])."""
+    if not gpu_gb:
+        return []
+    from ablate.distributed.topology import layout_name
+
+    processes = layout_memory(cfg, gpu_gb)
+    for process in processes:
+        if process.total > gpu_gb * 1e9:
+            part, size = process.parts[0]
+            raise ValueError(f"{layout_name(int(cfg.run.trainer_gpus), int(cfg.run.get('generator_gpus', 0)))} does "
+                             f"not fit a GPU of {gpu_gb:g} GB (launcher.gpu_memory_gb): {process.name} needs "
+                             f"~{process.total / 1e9:,.1f} GB, the most for {part} ({size / 1e9:,.1f} GB); by the "
+                             "memory model, docs/design.md#the-memory-model")
+    return processes

@@ -51,27 +51,51 @@ def autocast(device: torch.device, dtype: torch.dtype):
     return torch.autocast(device.type, dtype=dtype)
 
 
-def build_policy(model: DictConfig, seed: int = 0, tokenizer=None) -> torch.nn.Module:
+def build_policy(model: DictConfig, seed: int = 0, tokenizer=None, *, read_weights: bool = True,
+                 dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """model.path set: load it (a local folder or a hub name). Unset: a tiny Llama with random weights, its
     vocabulary model.vocab_size or (0) the tokenizer's. On model.device, with fp32 (master) weights whatever
-    model.dtype says: that is the compute dtype (`autocast`)."""
+    model.dtype says: that is the compute dtype (`autocast`).
+
+    read_weights=False: the architecture alone, made on model.device in `dtype` with random weights, model.path's
+    checkpoint never read: for a process whose weights come from trainer rank 0 (another trainer rank, an engine
+    process), which would otherwise hold a whole fp32 copy in host memory first (32 GB at 8B)."""
     import transformers
 
-    dtype = torch.float32
-    if model.path:
+    if model.path and read_weights:
         return transformers.AutoModelForCausalLM.from_pretrained(model.path, dtype=dtype).to(device_of(model))
+    config = model_config(model, tokenizer)
+    torch.manual_seed(seed)
+    with torch.device(device_of(model)):  # made where it runs (no CPU copy of a GPU model first)
+        return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def model_config(model: DictConfig, tokenizer=None):
+    """The transformers config: model.path's, or the tiny Llama's from model's fields."""
+    import transformers
+
+    if model.path:
+        return transformers.AutoConfig.from_pretrained(model.path)
     vocab = model.vocab_size or len(tokenizer if tokenizer is not None else build_tokenizer(model))
     if tokenizer is not None and vocab < len(tokenizer):
         raise ValueError(f"model.vocab_size={vocab} is smaller than the tokenizer's {len(tokenizer)} tokens")
-    config = transformers.LlamaConfig(
+    return transformers.LlamaConfig(
         vocab_size=vocab, hidden_size=model.hidden_size,
         intermediate_size=model.get("intermediate_size", 0) or 4 * model.hidden_size,
         num_hidden_layers=model.num_layers, num_attention_heads=model.num_heads, num_key_value_heads=model.num_heads,
         max_position_embeddings=4096, tie_word_embeddings=False,
     )
-    torch.manual_seed(seed)
-    with torch.device(device_of(model)):  # made where it runs (no CPU copy of a GPU model first)
-        return transformers.LlamaForCausalLM(config).to(dtype=dtype)
+
+
+@torch.no_grad()
+def weights_in(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """`model` with its floating-point parameters in `dtype` (in place), its buffers as they are: the rotary
+    embedding's frequencies stay fp32, as the trainer computes them and as transformers makes a model in a dtype
+    (`model.to(dtype)` would round them to bf16: angles off by up to 2^-9 of themselves, a log-prob gap of its own)."""
+    for param in model.parameters():
+        if param.is_floating_point():
+            param.data = param.data.to(dtype)
+    return model
 
 
 def completion_logprobs(model: torch.nn.Module, prompt_tokens: torch.Tensor, prompt_mask: torch.Tensor,

@@ -221,6 +221,8 @@ def _follow(cfg, groups: Groups) -> bool:
 
     def make_learner():
         ranks = build(cfg.run, groups=groups)  # the layout rank 0 builds (run=fsdp)
-        return Learner(cfg, build_policy(cfg.model, cfg.seed, build_tokenizer(cfg.model)), ranks=ranks)
+        # the architecture alone: FSDP.wrap gives every rank rank 0's weights (no copy of the checkpoint per rank)
+        return Learner(cfg, build_policy(cfg.model, cfg.seed, build_tokenizer(cfg.model), read_weights=False),
+                       ranks=ranks)
 
     return follow(groups, make_learner)

@@ -20,7 +20,7 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 
 from ablate import tracking
-from ablate.checks import check_compute, check_model, check_run
+from ablate.checks import check_compute, check_memory, check_model, check_run, gpu_memory_gb
 from ablate.config import compose, merge_overrides, override_key, signature
 from ablate.progress import SweepDisplay, StepBar
 from ablate.sweeps import Variant
@@ -91,6 +91,7 @@ def run_single(cfg: DictConfig, overrides: Sequence[str]) -> int:
     check_model(p.cfg.model)  # before any run is created
     check_compute(p.cfg.train)
     check_run(p.cfg)
+    check_memory(p.cfg, gpu_memory_gb(p.cfg, "local"))
     uri = tracking.check_reachable(cfg.tracking.uri, cfg.tracking.timeout_s)
     client = tracking.client(uri)
     exp_id = tracking.experiment_id(client, cfg.tracking.experiment)
@@ -124,18 +125,24 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     planned = plan(cfg, overrides)
     planned_s = time.perf_counter() - started
     sid = sweep_id(cfg, planned)
-    if cfg.sweep.dry_run:
-        print_plan(planned, f"sweep {sid}: {len(planned)} variants (dry run: nothing submitted)")
-        return 0
-    print_plan(planned, f"sweep {sid}: {len(planned)} variants")
-
+    print_plan(planned, f"sweep {sid}: {len(planned)} variants" + (" (dry run: nothing submitted)"
+                                                                     if cfg.sweep.dry_run else ""))
     for model in {json.dumps(OmegaConf.to_container(p.cfg.model), sort_keys=True) for p in planned}:
         check_model(OmegaConf.create(json.loads(model)))  # before any run is created
+    launcher = OmegaConf.to_container(cfg.launcher, resolve=True, enum_to_str=True)
+    requested = str(launcher["cluster"])  # a dry run of launcher=slurm may be made where SLURM is not
+    cluster = requested if cfg.sweep.dry_run and requested != "auto" else resolve_cluster(requested)
+    gpu_gb = gpu_memory_gb(planned[0].cfg, cluster)
     for p in planned:
         check_compute(p.cfg.train)
         check_run(p.cfg)
-    launcher = OmegaConf.to_container(cfg.launcher, resolve=True, enum_to_str=True)
-    cluster = resolve_cluster(str(launcher["cluster"]))
+        estimate = check_memory(p.cfg, gpu_gb)
+        if p is planned[0] and estimate:
+            print("memory per GPU (ablate/memory.py's estimate at the longest rows):")
+            for process in estimate:
+                print(f"  {process.describe(gpu_gb)}")
+    if cfg.sweep.dry_run:
+        return 0
     if cluster == "slurm":
         check_request(launcher)  # a request no node of the partition can hold: before any run is created
     gpus, per_job = local_gpus(planned[0].cfg) if cluster == "local" else ([], 0)

@@ -296,6 +296,9 @@ class Launcher:
     folder: str = "${paths.outputs}/jobs"  # submitit logs and pickles, one sub-folder per sweep
     timeout_min: int = 60 * 24
     gpus_per_node: int = 0
+    # a GPU's memory: each process's estimated peak (ablate/memory.py) is checked against it before submit; unset:
+    # 80 on SLURM with GPUs, the device's here, no check on CPUs
+    gpu_memory_gb: float | None = None
     cpus_per_task: int = 1
     mem_gb: int | None = None
     nodes: int = 1

@@ -18,6 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ablate.compute import ReferenceClock, StepFlops  # noqa: E402
+from ablate.memory import (GB, Process, Shape, kv_bytes_per_token, layer_activation_bytes,  # noqa: E402
+                           micro_batch_tokens, trainer, vllm_engine, vllm_room)
 from ablate.offpolicy import PipelineRL, PPOOffPolicy  # noqa: E402
 
 PAPER_GPU_HOURS = 16_000.0  # per LOO variant (docs/design.md#what-the-paper-says)
@@ -25,61 +27,6 @@ PAPER_GPU_HOURS = 16_000.0  # per LOO variant (docs/design.md#what-the-paper-say
 # vLLM's tokens/s and FSDP2's MFU in plain transformers, on a 0.89B random Llama
 H100_PEAK_TFLOPS = 798.0
 ANCHOR = {"params": 0.89e9, "gen_tokens_per_s": 26_000.0, "train_mfu": 0.32}
-
-
-@dataclass(frozen=True)
-class Shape:
-    """A decoder's shape (the defaults: Llama-3.1-8B, the size of paper_8b)."""
-    layers: int = 32
-    hidden: int = 4096
-    intermediate: int = 14336
-    heads: int = 32
-    kv_heads: int = 8
-    vocab: int = 128256
-
-    @property
-    def kv_dim(self) -> int:
-        return self.kv_heads * self.hidden // self.heads
-
-    @property
-    def layer_params(self) -> int:  # q, o; k, v; gate, up, down
-        return 2 * self.hidden ** 2 + 2 * self.hidden * self.kv_dim + 3 * self.hidden * self.intermediate
-
-
-def layer_activation_bytes(shape: Shape) -> int:
-    """Bytes autograd keeps per token for one HF Llama decoder layer computing in bf16 with a fused attention kernel
-    (flash or memory-efficient SDPA: no T x T scores): each of the two RMSNorms its fp32 input (4h), the fp32 rstd
-    (4), the normalized and the scaled bf16 (2h + 2h); attention's q (2h), k and v (2 x 2 kv_dim), output (2h) and
-    fp32 log-sum-exp (4 a head); the MLP's gate, up, SiLU and product (4 x 2I)."""
-    h = shape.hidden
-    return 2 * (8 * h + 4) + 2 * h + 4 * shape.kv_dim + 2 * h + 4 * shape.heads + 8 * shape.intermediate
-
-
-def trainer_memory(shape: Shape, params: float, ranks: int, micro_tokens: float, checkpointing: bool,
-                   chunk: int = 1024) -> dict:
-    """GB a trainer rank holds at its peak (the backward of a micro-batch of `micro_tokens` tokens)."""
-    state = 16 * params / ranks  # fp32 master 4 + AdamW's two moments 8 + fp32 gradients 4, sharded
-    layers = shape.layer_params * (2 + 2 + 4)  # two layers' gathered bf16 weights and one's unsharded fp32 grads
-    head = 2 * chunk * shape.vocab * 4  # a chunk's fp32 logits and their gradient
-    per_layer = layer_activation_bytes(shape)
-    if checkpointing:  # every layer's bf16 input, and one layer recomputed whole
-        activations = micro_tokens * (shape.layers * 2 * shape.hidden + per_layer)
-    else:
-        activations = micro_tokens * shape.layers * per_layer
-    gb = {"state": state / 1e9, "activations": activations / 1e9, "layers_and_head": (layers + head) / 1e9}
-    return {**gb, "total": sum(gb.values())}
-
-
-def generator_memory(shape: Shape, params: float, gpu_gb: float, utilization: float, staged: bool,
-                     rows_at_once: float, seq_tokens: float) -> dict:
-    """A generator GPU (one engine a GPU): its weights, the staged copy, and the sequences vLLM's KV cache holds at
-    `seq_tokens` tokens each (vLLM's own activations come out of its share too: an upper bound)."""
-    weights = 2 * params / 1e9
-    kv_per_token = 2 * shape.layers * shape.kv_dim * 2  # K and V, bf16
-    kv_gb = utilization * gpu_gb - weights
-    fits = max(kv_gb, 0.0) * 1e9 / (kv_per_token * seq_tokens)
-    return {"weights": weights, "staged": weights if staged else 0.0, "kv_gb": kv_gb, "sequences": fits,
-            "wanted": rows_at_once, "outside_vllm": (1 - utilization) * gpu_gb}
 
 
 @dataclass(frozen=True)
@@ -183,35 +130,27 @@ def main() -> None:
     print_memory(a, Shape())
 
 
-def micro_batch_tokens(rows: int, cap: int, row_tokens: float) -> float:
-    """Tokens of a micro-batch of rows `row_tokens` long, padded: `rows` of them, fewer under the cap (at least one)."""
-    if cap:
-        rows = max(1, min(rows, int(cap // row_tokens)))
-    return rows * row_tokens
-
-
 def print_memory(a, shape: Shape) -> None:
+    """ablate/memory.py's estimate (what the check before submit reads) at these settings."""
     checkpointing = not a.no_checkpointing
-    per_token = layer_activation_bytes(shape) / 1024
-    print(f"\nmemory per GPU ({a.gpu_gb:g} GB; an 8B Llama's decoder layer keeps {per_token:,.0f} KiB of activations "
-          "per token):")
+    print(f"\nmemory per GPU ({a.gpu_gb:g} GB; an 8B Llama's decoder layer keeps "
+          f"{layer_activation_bytes(shape, 2) / 1024:,.0f} KiB of activations per token in bf16):")
     for label, length in (("mean rows", a.prompt_len + a.completion), ("longest rows", a.max_len)):
         tokens = micro_batch_tokens(a.micro_rows, a.micro_tokens, length)
-        m = trainer_memory(shape, a.params, a.trainers, tokens, checkpointing)
-        other = trainer_memory(shape, a.params, a.trainers, tokens, not checkpointing)
-        verdict = "fits" if m["total"] <= a.gpu_gb else "DOES NOT FIT"
-        print(f"  trainer, {label} ({tokens:,.0f} tokens a micro-batch): {m['state']:.1f} state + "
-              f"{m['activations']:.1f} activations + {m['layers_and_head']:.1f} layers and head = "
-              f"{m['total']:.1f} GB: {verdict} ({'without' if checkpointing else 'with'} activation checkpointing: "
-              f"{other['total']:,.0f} GB)")
+        m = trainer(shape, ranks=a.trainers, micro_tokens=tokens, checkpointing=checkpointing, compute=2, head=4)
+        other = trainer(shape, ranks=a.trainers, micro_tokens=tokens, checkpointing=not checkpointing, compute=2,
+                        head=4)
+        verdict = "fits" if m.total <= a.gpu_gb * GB else "DOES NOT FIT"
+        print(f"  trainer, {label} ({tokens:,.0f} tokens a micro-batch): {m.describe(a.gpu_gb)}: {verdict} "
+              f"({'without' if checkpointing else 'with'} activation checkpointing: {other.total / GB:,.0f} GB)")
     rows_at_once = a.prompts * a.samples * a.waves / a.generators
-    g = generator_memory(shape, a.params, a.gpu_gb, a.utilization, not a.direct, rows_at_once,
-                         a.prompt_len + a.completion)
-    staged = (f", its staged copy {g['staged']:.0f} GB in the {g['outside_vllm']:.0f} GB outside vLLM"
-              f" ({'fits' if g['staged'] <= g['outside_vllm'] else 'DOES NOT FIT'})") if g["staged"] else ""
-    print(f"  generator: {g['weights']:.0f} GB of weights{staged}; vLLM's {a.utilization:g} of the GPU leaves at most "
-          f"{g['kv_gb']:.0f} GB of KV cache: {g['sequences']:.0f} sequences of {a.prompt_len + a.completion:,.0f} "
-          f"tokens at once, of the {g['wanted']:.0f} its {a.waves} waves start (the rest wait for room)")
+    room = vllm_room(shape, compute=2, gpu_bytes=a.gpu_gb * GB, utilization=a.utilization)
+    fits = max(room, 0.0) / (kv_bytes_per_token(shape, 2) * (a.prompt_len + a.completion))
+    engine = Process("generator", vllm_engine(shape, compute=2, gpu_bytes=a.gpu_gb * GB, utilization=a.utilization,
+                                              staged=not a.direct))
+    print(f"  {engine.describe(a.gpu_gb)}; vLLM's {a.utilization:g} of the GPU leaves at most {room / GB:.0f} GB of "
+          f"KV cache: {fits:.0f} sequences of {a.prompt_len + a.completion:,.0f} tokens at once, of the "
+          f"{rows_at_once:.0f} its {a.waves} waves start (the rest wait for room)")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from ablate.config import compose
 from ablate.generators.engine import Engine, Limits, Sequence
-from ablate.policy import build_policy
+from ablate.policy import build_policy, weights_in
 from ablate.rollouts import Rollouts
 from ablate.trainer import Learner
 
@@ -141,7 +141,7 @@ def generators(args, device: torch.device) -> None:
     limits = Limits(args.new_tokens, 0, (), None)
     print(f"\ngenerators: {args.gen_rows} rows x {args.new_tokens} new tokens (128-token prompts)")
     print(f"{'engine':<8} {'tokens/s':>10} {'x hf':>6} {'weight sync s':>14}")
-    engine = Engine(policy.to(dtype).eval(), limits, head_dtype=torch.float32, compute_dtype=dtype,
+    engine = Engine(weights_in(policy, dtype).eval(), limits, head_dtype=torch.float32, compute_dtype=dtype,
                     temperature=1.0, pad_id=0, seed=0)
     rows = [Sequence(i, 1, p) for i, p in enumerate(prompts)]
     _sync(device)

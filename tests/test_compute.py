@@ -127,60 +127,79 @@ def test_the_cluster_cost_model_charges_the_weight_sync_to_every_generator_gpu()
     assert bench.sync_seconds(8e9, 20.0) == pytest.approx(0.8) and bench.sync_seconds(8e9, 0.0) == 0.0
 
 
-def _saved_activation_bytes(shape, layers: int, tokens: int) -> int:
-    """What autograd keeps for a forward of an HF Llama of `shape` with `layers` layers, bf16, on `tokens` tokens:
-    the saved tensors' storages (each once; the weights left out)."""
+def _saved_activation_bytes(shape, layers: int, compute: torch.dtype) -> int:
+    """What autograd keeps per token of a forward of an HF Llama of `shape` with `layers` layers as the trainer runs
+    it (fp32 weights; bf16: under autocast): the saved tensors' storages (each once; the weights left out), less
+    what does not grow with the tokens (autocast's bf16 copies of the weights): the slope from 48 to 96 tokens."""
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaModel
+
+    from ablate.policy import autocast
 
     config = LlamaConfig(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
                          num_hidden_layers=layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
                          attn_implementation="sdpa")
     torch.manual_seed(0)
-    model = LlamaModel(config).to(torch.bfloat16).train()
+    model = LlamaModel(config).train()
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
+    kept = []
+    for count in (48, 96):
+        saved: dict[int, int] = {}
 
-    def keep(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in weights:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return t
+        def keep(t: torch.Tensor) -> torch.Tensor:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in weights:
+                saved[storage.data_ptr()] = storage.nbytes()
+            return t
 
-    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-        model(torch.randint(0, shape.vocab, (1, tokens)))
-    return sum(saved.values())
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t), autocast(torch.device("cpu"), compute):
+            model(torch.randint(0, shape.vocab, (1, count)))
+        kept.append(sum(saved.values()))
+    return (kept[1] - kept[0]) / 48
 
 
+@pytest.mark.parametrize("compute", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("dims", [(64, 224, 4, 1), (96, 256, 6, 2)], ids=["gqa4", "gqa3"])
-def test_the_memory_models_activations_per_layer_are_what_autograd_keeps(dims):
-    """bench/bench_cluster.py's `layer_activation_bytes` (by hand) against autograd's saved tensors in an HF Llama's
-    decoder layer (a 2-layer model's minus a 1-layer one's, per token): equal to the byte."""
-    bench = _bench_cluster()
+def test_the_memory_models_activations_per_layer_are_what_autograd_keeps(dims, compute):
+    """ablate.memory's `layer_activation_bytes` against autograd's saved tensors in an HF Llama's decoder layer as
+    the trainer computes (a 2-layer model's minus a 1-layer one's, per token): equal to the byte."""
+    from ablate.memory import Shape, layer_activation_bytes
+
     hidden, intermediate, heads, kv_heads = dims
-    shape = bench.Shape(layers=1, hidden=hidden, intermediate=intermediate, heads=heads, kv_heads=kv_heads, vocab=64)
-    tokens = 48
-    layer = _saved_activation_bytes(shape, 2, tokens) - _saved_activation_bytes(shape, 1, tokens)
-    assert layer == bench.layer_activation_bytes(shape) * tokens
+    shape = Shape(layers=1, hidden=hidden, intermediate=intermediate, heads=heads, kv_heads=kv_heads, vocab=64)
+    layer = _saved_activation_bytes(shape, 2, compute) - _saved_activation_bytes(shape, 1, compute)
+    assert layer == layer_activation_bytes(shape, 2 if compute == torch.bfloat16 else 4)
 
 
 def test_the_memory_model_adds_up_a_trainer_and_a_generator_gpu_by_hand():
-    # A shape of h 8, I 16, 2 heads, 1 KV head (kv_dim 4), 2 layers, vocab 10: a layer has 2*64 + 2*32 + 3*128 = 576
-    # parameters; per token a layer keeps 2*(64+4) + 16 + 16 + 16 + 8 + 128 = 320 bytes.
-    bench = _bench_cluster()
-    shape = bench.Shape(layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, vocab=10)
-    assert shape.layer_params == 576 and bench.layer_activation_bytes(shape) == 320
-    # 1e9 parameters over 4 ranks: 4 GB of state. 1e6 tokens: 2 layers x 320 B = 0.64 GB without checkpointing;
-    # with it, 2 layers x 16 B (the bf16 inputs) + 320 B (one layer recomputed) = 0.352 GB. Layers and head:
-    # 576 x 8 B + 2 x 1024 x 10 x 4 B = 86,528 B.
-    bare = bench.trainer_memory(shape, 1e9, 4, 1e6, checkpointing=False)
-    assert bare == pytest.approx({"state": 4.0, "activations": 0.64, "layers_and_head": 86_528e-9,
-                                  "total": 4.64 + 86_528e-9})
-    assert bench.trainer_memory(shape, 1e9, 4, 1e6, checkpointing=True)["activations"] == pytest.approx(0.352)
-    # 1e9 parameters in bf16: 2 GB; half of a 10 GB GPU leaves 3 GB of KV cache at 2 x 2 x 4 x 2 = 32 B a token:
-    # 1,000-token sequences, 93,750 of them
-    gen = bench.generator_memory(shape, 1e9, 10.0, 0.5, True, 12, 1000)
-    assert gen == pytest.approx({"weights": 2.0, "staged": 2.0, "kv_gb": 3.0, "sequences": 93_750, "wanted": 12,
-                                 "outside_vllm": 5.0})
-    assert bench.micro_batch_tokens(8, 65536, 16384) == 4 * 16384 and bench.micro_batch_tokens(8, 0, 100) == 800
-    assert bench.micro_batch_tokens(8, 1000, 16384) == 16384  # a row longer than the cap goes alone
+    # A shape of h 8, I 16, 2 heads, 1 KV head (kv_dim 4), 2 layers, vocab 10: a layer's matmuls have
+    # 2*64 + 2*32 + 3*128 = 576 parameters, its norms 16; the root 2 x 80 + 8 = 168: 2 x 592 + 168 = 1,352 in all.
+    # Per token a layer keeps 30*8 + 4*4 + 8*16 + 4*2 + 8 = 400 bytes in bf16, 32*8 + 8*4 + 16*16 + 8 + 8 = 560 in fp32.
+    from ablate import memory
+
+    shape = memory.Shape(layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, vocab=10)
+    assert shape.layer_matmul_params == 576 and shape.params == 1352
+    assert memory.layer_activation_bytes(shape, 2) == 400 and memory.layer_activation_bytes(shape, 4) == 560
+    # 4 FSDP ranks, bf16, 1e6 tokens: 16 x 1,352 / 4 of state; two layers gathered in bf16 and one's gradients in
+    # bf16 and fp32, 592 x (4 + 2 + 4); the root and its gradient in fp32, 8 x 168; 2 x 400 x 1e6 of activations
+    # (with checkpointing: every layer's fp32 input, 2 x 32, and one layer, 400); 2 x 1024 x 10 x 4 of head chunk
+    bare = memory.trainer(shape, ranks=4, micro_tokens=1e6, checkpointing=False, compute=2, head=4)
+    assert bare.bytes == {"weights, gradients and AdamW state": 5408, "gathered layers": 5920,
+                          "gathered embeddings and head": 1344, "activations": 8e8, "LM head chunk": 81920}
+    assert bare.parts[0] == ("activations", 8e8) and bare.total == 8e8 + 5408 + 5920 + 1344 + 81920
+    assert memory.trainer(shape, ranks=4, micro_tokens=1e6, checkpointing=True, compute=2,
+                          head=4).bytes["activations"] == 1e6 * (2 * 32 + 400)
+    whole = memory.trainer(shape, ranks=4, micro_tokens=1, checkpointing=False, compute=2, head=4,
+                           sharded_gradients=False)
+    assert whole.bytes["whole fp32 gradient (run.sharded_gradients=false)"] == 4 * 1352
+    one = memory.trainer(shape, ranks=1, micro_tokens=1, checkpointing=False, compute=2, head=2)
+    assert one.bytes["autocast's copies of the weights"] == 2 * 2 * 576 and "gathered layers" not in one.bytes
+    assert one.bytes["weights, gradients and AdamW state"] == 16 * 1352
+    # engines: 1,352 bf16 weights, twice in an engine process, and a KV cache of 2 x 2 layers x 4 x 2 = 32 B a token
+    assert memory.torch_engine(shape, compute=2, copies=2, rows=12, row_tokens=1000) == {
+        "generator's weights": 2 * 2 * 1352, "generator's KV cache": 12 * 1000 * 32}
+    assert memory.vllm_engine(shape, compute=2, gpu_bytes=10e9, utilization=0.5, staged=True) == {
+        "vLLM (gpu_memory_utilization)": 5e9, "staging copy of the weights": 2 * 1352}
+    assert memory.vllm_room(shape, compute=2, gpu_bytes=1e4, utilization=0.25, tensor_parallel=2) == 2500 - 1352
+    assert memory.micro_batch_tokens(8, 65536, 16384) == 4 * 16384 and memory.micro_batch_tokens(8, 0, 100) == 800
+    assert memory.micro_batch_tokens(8, 1000, 16384) == 16384  # a row longer than the cap goes alone

@@ -165,3 +165,59 @@ def test_the_paper_preset_is_the_papers_layout_and_the_job_holds_it():
     assert (cfg.generator.name, cfg.launcher.name, cfg.launcher.nodes, cfg.launcher.gpus_per_node) == \
         ("vllm", "slurm", 10, 8)
     check_run(cfg)
+
+
+LLAMA_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+            "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "vocab_size": 128256, "tie_word_embeddings": False, "max_position_embeddings": 131072}
+
+
+@pytest.fixture
+def llama_8b(tmp_path) -> Path:
+    """A folder with an 8B Llama's config.json and no weights: what the checks before submit read of model.path."""
+    import json
+
+    folder = tmp_path / "llama-8b"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA_8B))
+    return folder
+
+
+def test_the_paper_layout_fits_80_gb_gpus_by_the_memory_model(llama_8b):
+    """experiment=paper_8b on an 8B Llama: every process within an H100's 80 GB (the check on SLURM's default), the
+    8B's parameters counted from its config, the trainer's biggest part its activations."""
+    from ablate.checks import check_memory, gpu_memory_gb, model_shape
+
+    cfg = compose(["experiment=paper_8b", f"model.path={llama_8b}"])
+    assert model_shape(cfg.model).params == 8_030_261_248  # Llama-3.1-8B's count
+    assert gpu_memory_gb(cfg, "slurm") == 80.0
+    first, other, engine = check_memory(cfg, gpu_memory_gb(cfg, "slurm"))
+    assert first.name == "trainer rank 0" and other.bytes == first.bytes and 60e9 < first.total < 80e9
+    assert first.parts[0][0] == "activations" and engine.total == pytest.approx(40e9 + 2 * 8_030_261_248)
+    whole = check_memory(compose(["experiment=paper_8b", f"model.path={llama_8b}", "run.sharded_gradients=false"]),
+                         200.0)[0]
+    assert whole.total - first.total == pytest.approx(4 * 8_030_261_248)
+
+
+def test_where_the_memory_check_looks_for_the_gpus_memory():
+    from ablate.checks import gpu_memory_gb
+
+    assert gpu_memory_gb(compose(["launcher=slurm"]), "slurm") == 80.0  # the preset's, an H100's
+    assert gpu_memory_gb(compose(["launcher=slurm", "launcher.gpu_memory_gb=141"]), "slurm") == 141.0
+    assert gpu_memory_gb(compose(["launcher=slurm", "launcher.gpus_per_node=0", "launcher.gpu_memory_gb=null"]),
+                         "slurm") is None  # CPU jobs
+    assert gpu_memory_gb(compose(["model.device=cpu", "launcher=slurm"]), "slurm") is None
+    assert gpu_memory_gb(compose(["launcher=local", "model.device=cpu"]), "local") is None
+
+
+def test_a_layout_that_does_not_fit_its_gpus_fails_in_the_dry_run_naming_the_gb(llama_8b, tmp_path):
+    """The paper's 8B model in one process on one GPU (fp32 masters, AdamW and gradients: 128 GB) fails in
+    sweep.dry_run, before anything is created, in one line: the estimate, the memory, the biggest part."""
+    out = run_cli("-m", "ablate", "experiment=paper_8b", f"model.path={llama_8b}", "sweep=loo", "sweep.dry_run=true",
+                  "run=one_process", "run.trainer_gpus=1", "run.generator_gpus=1", "launcher.nodes=1", cwd=tmp_path)
+    assert out.returncode != 0
+    (line,) = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith("error: run.trainer_gpus=1 + run.generator_gpus=1 does not fit a GPU of 80 GB "
+                           "(launcher.gpu_memory_gb): trainer rank 0 needs ~"), line
+    assert "the most for weights, gradients and AdamW state (128.5 GB)" in line
+    assert not (tmp_path / "mlflow.db").exists()

@@ -17,7 +17,7 @@ from ablate import tracking
 from ablate.config import compose
 from ablate.generators.engine import Engine, Limits, Sequence
 from ablate.generators.pipeline import assemble
-from ablate.policy import build_policy, completion_logprobs
+from ablate.policy import build_policy, completion_logprobs, weights_in
 from ablate.registry import build
 from ablate.rl import precision
 from ablate.tasks.tokenizer import build_tokenizer
@@ -82,7 +82,7 @@ def test_trainer_and_generator_logprobs_agree_with_bf16_compute():
     max 0.002, mean 0.0002)."""
     cfg = _cfg("model.dtype=bfloat16", "model.hidden_size=64", "model.device=cpu")
     master = build_policy(cfg.model, 1, TOK)
-    engine = Engine(copy.deepcopy(master).to(torch.bfloat16).eval(),
+    engine = Engine(weights_in(copy.deepcopy(master), torch.bfloat16).eval(),
                     Limits(12, 6, (TOK.eos_token_id,), TOK.convert_tokens_to_ids("</think>")),
                     head_dtype=torch.float32, compute_dtype=torch.bfloat16, temperature=1.0, pad_id=0, seed=3)
     rows = [Sequence(i, 1, TOK.encode(p, add_special_tokens=False)) for i, p in
@@ -136,3 +136,20 @@ def test_paper_8b_learns_at_lr_5e_7_every_step(saved_model, tmp_path, mlflow_uri
     state = train(cfg, run_id, mlflow_uri)
     assert state.step == 3 and client.get_run(run_id).info.status == "FINISHED"
     assert trained == [True] * 3 and min(changed) > 0.5, (trained, changed)
+
+
+def test_the_generators_bf16_copy_keeps_the_rotary_frequencies_of_the_trainer():
+    """The in-process engine's copy (and an engine process's model) in bf16: its weights in bf16, the rotary
+    embedding's frequencies fp32 and equal to the trainer's. `model.to(bfloat16)` rounds them too: at position
+    12,288 (a paper-length row) an angle would be up to 2.2 rad off the trainer's."""
+    from ablate.generators.remote import _torch_model
+
+    cfg = _cfg("model.dtype=bfloat16", "model.device=cpu")
+    master = build_policy(cfg.model, 1, TOK)
+    frequencies = master.model.rotary_emb.inv_freq
+    for copy_ in (weights_in(copy.deepcopy(master), torch.bfloat16),
+                  _torch_model(OmegaConf.to_container(cfg.model), torch.bfloat16)):
+        assert {p.dtype for p in copy_.parameters()} == {torch.bfloat16}
+        torch.testing.assert_close(copy_.model.rotary_emb.inv_freq, frequencies, rtol=0, atol=0)
+    rounded = copy.deepcopy(master).to(torch.bfloat16).model.rotary_emb.inv_freq.float()
+    assert ((rounded - frequencies).abs() * 12288).max() > 2.0

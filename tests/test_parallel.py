@@ -30,7 +30,7 @@ from ablate.distributed import signals, topology
 from ablate.config import compose
 from ablate.generators.engine import Engine, Limits, Sequence, decode
 from ablate.distributed.layouts import OneProcess, _dealt
-from ablate.policy import build_policy
+from ablate.policy import build_policy, weights_in
 from ablate.registry import build
 from ablate.rl.aggregation import token_weights
 from ablate.trainer import Learner
@@ -291,7 +291,7 @@ def _engine_processes(rank: int, engines: int, init_file: str, out: str) -> None
         policy = build_policy(cfg.model, cfg.seed)
         there = remote.RemoteEngine(OmegaConf.to_container(cfg.model), limits, policy.state_dict(), groups=groups,
                                     seed=3, **args)
-        here = [Engine(copy.deepcopy(policy).to(torch.bfloat16), limits, seed=remote.engine_seed(3, i), **args)
+        here = [Engine(weights_in(copy.deepcopy(policy), torch.bfloat16), limits, seed=remote.engine_seed(3, i), **args)
                 for i in range(engines)]
         gen = torch.Generator().manual_seed(5)
         new = {n: t + 0.01 * torch.randn(t.shape, generator=gen) for n, t in policy.state_dict().items()}
@@ -816,3 +816,24 @@ def test_an_engine_process_sees_its_engines_gpus_as_the_node_lists_them():
     assert topology.engine_gpus(local=5, tp_rank=1, tp=2, visible=None) == "4,5"
     assert topology.engine_gpus(local=4, tp_rank=0, tp=2, visible="0,1,2,3,4,5,6,7") == "4,5"
     assert topology.engine_gpus(local=5, tp_rank=1, tp=2, visible="7,6,5,4,3,2,1,0") == "3,2"
+
+
+def test_processes_fed_by_rank_0_make_the_model_in_their_dtype_without_reading_the_checkpoint(tmp_path):
+    """An engine process's staging copy (and another trainer rank's policy) from model.path: the architecture made
+    in its own dtype on its device, the checkpoint never read (its weights come from rank 0), so no process holds a
+    whole fp32 copy of it in host memory first: here the folder's weights file is gone and both still build."""
+    from ablate.generators.remote import _torch_model
+
+    cfg = OmegaConf.create(_config())
+    folder = tmp_path / "model"
+    build_policy(cfg.model, cfg.seed).save_pretrained(folder)
+    (weights_file,) = folder.glob("*.safetensors")
+    weights_file.unlink()
+    model = {**OmegaConf.to_container(cfg.model), "path": str(folder)}
+    staged = _torch_model(model, torch.bfloat16)
+    assert {p.dtype for p in staged.parameters()} == {torch.bfloat16}
+    follower = build_policy(OmegaConf.create(model), cfg.seed, read_weights=False)
+    assert {p.dtype for p in follower.parameters()} == {torch.float32}
+    assert staged.state_dict().keys() == follower.state_dict().keys()
+    with pytest.raises(OSError):  # what reading it would have done
+        build_policy(OmegaConf.create(model), cfg.seed)

@@ -56,6 +56,13 @@ class Generator(Protocol):
     def reset_weights(self, policy, version: int) -> None:
         """Take these weights now, whatever the rules (a resumed run starts from its checkpoint's policy)."""
 
+    @classmethod
+    def engine_memory(cls, cfg: DictConfig, shape, gpu_bytes: float, *, processes: int) -> dict[str, float]:
+        """Bytes its engine holds on one GPU, part by part (ablate.memory): in trainer rank 0's process
+        (processes=0) or in each of `processes` engine processes. Read before anything is built (the check
+        before submit); a setting that cannot work at all raises ValueError naming it."""
+        return {}
+
     def describe(self) -> dict:
         """Params logged once with the run."""
         return {}

@@ -22,7 +22,7 @@ from ablate.generators.engine import Engine as TorchEngine
 from ablate.generators.engine import Limits, decode
 from ablate.generators.pipeline import Pipeline
 from ablate.generators.remote import RemoteEngine
-from ablate.policy import compute_dtype
+from ablate.policy import compute_dtype, weights_in
 from ablate.registry import build
 from ablate.rollouts import Rollouts
 from ablate.tasks.base import THINK_END
@@ -68,10 +68,23 @@ class PipelineGenerator(Generator):
         self.engine = engine
         self.clock = clock_for(cfg.train, devices_held(engine.device), off_policy)
 
+    @classmethod
+    def engine_memory(cls, cfg: DictConfig, shape, gpu_bytes: float, *, processes: int) -> dict[str, float]:
+        """Our torch engine: its copy of the weights (and the staging copy, in a process of its own) and the KV
+        cache of every row its waves may hold at once, at their longest."""
+        from ablate.memory import torch_engine
+
+        gen = cfg.generation
+        rows = int(cfg.generator.max_waves) * int(cfg.batch.prompts_per_step) * int(cfg.batch.samples_per_prompt)
+        return torch_engine(shape, compute=torch.empty((), dtype=compute_dtype(cfg.model)).element_size(),
+                            copies=2 if processes else 1, rows=rows / max(processes, 1),
+                            row_tokens=int(gen.max_prompt_tokens) + int(gen.max_think_tokens)
+                            + int(gen.max_answer_tokens))
+
     # ------------------------------------------------------------------------------------------------- engines
     def local_engine(self, weights: Weights) -> TorchEngine:
         """Our torch engine in this process, on its own copy of the policy in the compute dtype."""
-        model = copy.deepcopy(weights.module()).to(self.engine_args["compute_dtype"]).eval()
+        model = weights_in(copy.deepcopy(weights.module()), self.engine_args["compute_dtype"]).eval()
         return TorchEngine(model, self.limits, seed=self.cfg.seed, **self.engine_args)
 
     def remote_engine(self, weights: Weights, **how) -> RemoteEngine:

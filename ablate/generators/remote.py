@@ -377,16 +377,16 @@ def serve(groups: Groups) -> None:
 
 
 def _torch_model(model: dict, dtype: torch.dtype, device: str | None = None) -> torch.nn.Module:
-    """The trainer's architecture, in the compute dtype, on this process's device (its weights come by `stage`), or
-    on `device` ("meta": names and shapes, no memory)."""
+    """The trainer's architecture, made in the compute dtype on this process's device, or on `device` ("meta": names
+    and shapes, no memory); model.path's checkpoint is not read: the weights come from rank 0 by `stage`."""
     from omegaconf import OmegaConf
 
-    from ablate.policy import build_policy, build_tokenizer
+    from ablate.policy import build_policy
 
     cfg = OmegaConf.create(model)
     if device is not None:
         cfg.device = device
-    return build_policy(cfg, 0, build_tokenizer(cfg)).to(dtype).eval()
+    return build_policy(cfg, 0, read_weights=False, dtype=dtype).eval()
 
 
 def _check_names(names: list[str], own: dict[str, torch.Tensor]) -> None:

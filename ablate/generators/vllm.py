@@ -40,15 +40,16 @@ class VLLMEngines:
         folder = cfg.model.path
         if not folder:  # the tiny model: vLLM reads a folder (engine processes take only its architecture from it:
             # their weights come streamed, and rank 0 may hold no whole copy)
-            model = build_policy(cfg.model, cfg.seed, tokenizer) if generator.engines_apart else weights.module()
+            model = build_policy(cfg.model, cfg.seed, tokenizer, read_weights=False) if generator.engines_apart \
+                else weights.module()
             folder = str(Path(cfg.paths.cache) / f"vllm-model-{id(model)}")
             model.save_pretrained(folder)
             tokenizer.save_pretrained(folder)
         gen, phrase = cfg.generation, len(generator.limits.phrase_ids)
         longest = gen.max_prompt_tokens + gen.max_think_tokens + phrase + gen.max_answer_tokens
         vllm_args = {**self.vllm_args, "max_model_len": int(longest)}
-        if generator.engines_apart:
-            vllm_args["receives"] = self.receives
+        if generator.engines_apart:  # rank 0 streams them their first weights: vLLM reads no checkpoint there
+            vllm_args.update(receives=self.receives, load_format="dummy")
             build = functools.partial(vllm_engine.in_engine_process, folder, vllm_args)
             return generator.remote_engine(weights, build=build, tensor_parallel=vllm_args["tensor_parallel_size"])
         return vllm_engine.VLLMEngine(folder, generator.limits, seed=cfg.seed, **vllm_args, **generator.engine_args)
@@ -65,3 +66,24 @@ class VLLMGenerator(PipelineGenerator):
         engines = VLLMEngines(gpu_memory_utilization, kv_cache_gib, enforce_eager, tensor_parallel_size,
                               weight_transfer)
         super().__init__(engines, **context)
+
+    @classmethod
+    def engine_memory(cls, cfg, shape, gpu_bytes: float, *, processes: int) -> dict[str, float]:
+        """vLLM's share of the GPU (gpu_memory_utilization), which must hold its weights, and in an engine process
+        with weight_transfer=staged the staging copy beside it."""
+        import torch
+
+        from ablate.memory import GB, vllm_engine, vllm_room
+        from ablate.policy import compute_dtype
+
+        g = cfg.generator
+        compute = torch.empty((), dtype=compute_dtype(cfg.model)).element_size()
+        tp = int(g.get("tensor_parallel_size", 1)) if processes else 1
+        room = vllm_room(shape, compute=compute, gpu_bytes=gpu_bytes, utilization=float(g.gpu_memory_utilization),
+                         tensor_parallel=tp)
+        if room <= 0:
+            raise ValueError(f"generator.gpu_memory_utilization={g.gpu_memory_utilization} of a {gpu_bytes / GB:g} GB "
+                             f"GPU cannot hold vLLM's {compute * shape.params / tp / GB:,.1f} GB of weights")
+        return vllm_engine(shape, compute=compute, gpu_bytes=gpu_bytes, utilization=float(g.gpu_memory_utilization),
+                           staged=bool(processes) and g.get("weight_transfer", "staged") == "staged",
+                           tensor_parallel=tp)
