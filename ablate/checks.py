@@ -178,9 +178,9 @@ def gpu_memory_gb(cfg: DictConfig, cluster: str) -> float | None:
         return float(cfg.launcher.gpu_memory_gb)
     if cluster == "slurm":
         return 80.0
-    if device_of(cfg.model).type == "cuda":
+    if device_of(cfg.model).type == "cuda" and torch.cuda.is_available() and torch.cuda.device_count():
         return min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())) / 1e9
-    return None
+    return None  # no device to read (a layout that wants one fails on its GPU count)
 
 
 def check_memory(cfg: DictConfig, gpu_gb: float | None) -> list:

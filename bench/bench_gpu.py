@@ -5,7 +5,10 @@ experiment=paper_8b's optimizer and precision (fp32 master weights, bf16 compute
   a measured matmul), peak memory and the share of weights one step changes, for row and token-budget micro-batches,
   with and without activation checkpointing (its rollouts: random tokens, rewards 0 and 1 in turn, spread lengths);
 - generators: tokens per second of the hf engine and of vLLM (when installed), R rows x N new tokens; vLLM's sync;
-- whole run: experiment=paper_8b model=llama_1b on the synthetic task: seconds per step, idle and wait fractions.
+- whole run: experiment=paper_8b model=llama_1b on the synthetic task: seconds per step, idle and wait fractions,
+  and the median bf16 log-prob gap between trainer and generator after the loads (train/logprob_gap).
+
+The learner's "model GB" is the memory model's estimate (ablate/memory.py) beside the measured peak.
 
     python bench/bench_gpu.py                    # on a GPU (vLLM's part needs the vllm extra)
     python bench/bench_gpu.py --small            # on a CPU: a 4-layer model and small shapes, to check it works
@@ -98,7 +101,7 @@ def peak_tflops(args, device: torch.device, dtype: torch.dtype) -> float:
 def learner(args, device: torch.device, peak: float) -> None:
     print(f"\nlearner: {args.rows} rows x ({args.prompt} prompt + <= {args.completion} completion) tokens, "
           f"AdamW at lr 5e-7, peak {peak:.3g} TFLOP/s")
-    print(f"{'micro-batches':<34} {'s/step':>7} {'MFU':>6} {'peak GB':>8} {'weights changed':>16}")
+    print(f"{'micro-batches':<34} {'s/step':>7} {'MFU':>6} {'peak GB':>8} {'model GB':>9} {'weights changed':>16}")
     forms = [("8 rows", ["train.micro_batch_size=8"]),
              (f"{args.token_budget} tokens", [f"train.micro_batch_tokens={args.token_budget}",
                                               "train.micro_batch_size=1024"]),
@@ -126,9 +129,26 @@ def learner(args, device: torch.device, peak: float) -> None:
             changed.append(_changed(params, before))
         seconds = sum(times[1:]) / len(times[1:])
         mfu = 6 * n_params * tokens / seconds / (peak * 1e12)
-        print(f"{name:<34} {seconds:>7.2f} {mfu:>6.1%} {_peak_gb(device):>8.1f} "
+        print(f"{name:<34} {seconds:>7.2f} {mfu:>6.1%} {_peak_gb(device):>8.1f} {_estimate_gb(cfg, ro):>9.1f} "
               f"{' '.join(f'{c:.1%}' for c in changed):>16}", flush=True)
         del model, params
+
+
+def _estimate_gb(cfg, ro: Rollouts) -> float:
+    """The memory model's peak (ablate/memory.py, what the check before submit reads) for this learner at these
+    rollouts' largest micro-batch, in GiB as the peak column."""
+    from ablate import memory
+    from ablate.checks import model_shape
+    from ablate.trainer import micro_batches
+
+    lengths = ro.prompt_mask.sum(dim=1) + ro.lengths
+    batches = micro_batches(lengths, ro.mask.any(dim=1), cfg.train.micro_batch_size, cfg.train.micro_batch_tokens)
+    tokens = max(len(b) * int(lengths[b].max()) for b in batches)
+    size = lambda name: torch.empty((), dtype=getattr(torch, name)).element_size()  # noqa: E731
+    estimate = memory.trainer(model_shape(cfg.model), ranks=1, micro_tokens=tokens,
+                              checkpointing=bool(cfg.train.activation_checkpointing),
+                              compute=size(cfg.model.dtype), head=size(cfg.precision.head_dtype))
+    return estimate.total / 2**30
 
 
 def generators(args, device: torch.device) -> None:
@@ -192,7 +212,7 @@ def generators(args, device: torch.device) -> None:
 def whole_run(args, device: torch.device) -> None:
     print(f"\nwhole run: experiment=paper_8b model=llama_1b, {args.run_steps} steps, "
           f"{args.run_prompts} x 16 completions of <= {args.run_tokens} tokens")
-    print(f"{'generator':<10} {'s/step':>7} {'gen idle':>9} {'trainer wait':>13}")
+    print(f"{'generator':<10} {'s/step':>7} {'gen idle':>9} {'trainer wait':>13} {'logprob gap':>12}")
     for generator in args.run_generators.split(","):
         shape = SMALL if args.small else []
         shape += [f"model.dtype={args.dtype}"] if args.dtype else []
@@ -209,8 +229,11 @@ def whole_run(args, device: torch.device) -> None:
         body = run["steps"][1:-1] or run["steps"]  # the first step warms up; the last validates
         seconds = (body[-1][0] - run["steps"][0][0]) / max(len(body), 1)
         last = body[-1][1]
+        # |log pi_train - log pi_gen| on the rows sampled wholly with the weights just loaded: the bf16 gap
+        gaps = sorted(m["train/logprob_gap"] for _, m in run["steps"] if "train/logprob_gap" in m)
+        gap = f"{gaps[len(gaps) // 2]:.4f}" if gaps else "-"
         print(f"{generator:<10} {seconds:>7.2f} {last['perf/generator_idle_frac']:>9.2f} "
-              f"{last['perf/trainer_wait_frac']:>13.2f}", flush=True)
+              f"{last['perf/trainer_wait_frac']:>13.2f} {gap:>12}", flush=True)
 
 
 def main() -> None:

@@ -33,7 +33,7 @@ STEPS = (
     Step("vLLM in-process on CUDA (graphs on), its rules and loads", 1, 180,
          PYTEST + ("-m", "vllm", "tests/test_vllm.py", "-k",
                    "not processes_of_their_own and not straight and not warned_direct")),
-    Step("learner MFU and memory; hf vs vLLM tokens/s; weight sync", 1, 180,
+    Step("learner MFU, peak memory vs the memory model; hf vs vLLM tokens/s; weight sync; bf16 log-prob gap", 1, 180,
          (sys.executable, "bench/bench_gpu.py", "--learner-steps", "2", "--run-steps", "3", "--forms", "2")),
     Step("vLLM tokens/s with CUDA graphs off", 1, 60,
          (sys.executable, "bench/bench_gpu.py", "--parts", "generators", "--eager")),

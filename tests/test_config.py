@@ -210,14 +210,22 @@ def test_where_the_memory_check_looks_for_the_gpus_memory():
     assert gpu_memory_gb(compose(["launcher=local", "model.device=cpu"]), "local") is None
 
 
-def test_a_layout_that_does_not_fit_its_gpus_fails_in_the_dry_run_naming_the_gb(llama_8b, tmp_path):
+def test_a_layout_that_does_not_fit_its_gpus_fails_in_the_dry_run_naming_the_gb(llama_8b, tmp_path, capsys):
     """The paper's 8B model in one process on one GPU (fp32 masters, AdamW and gradients: 128 GB) fails in
-    sweep.dry_run, before anything is created, in one line: the estimate, the memory, the biggest part."""
-    out = run_cli("-m", "ablate", "experiment=paper_8b", f"model.path={llama_8b}", "sweep=loo", "sweep.dry_run=true",
-                  "run=one_process", "run.trainer_gpus=1", "run.generator_gpus=1", "launcher.nodes=1", cwd=tmp_path)
-    assert out.returncode != 0
-    (line,) = [line for line in out.stderr.splitlines() if line.startswith("error:")]
-    assert line.startswith("error: run.trainer_gpus=1 + run.generator_gpus=1 does not fit a GPU of 80 GB "
-                           "(launcher.gpu_memory_gb): trainer rank 0 needs ~"), line
-    assert "the most for weights, gradients and AdamW state (128.5 GB)" in line
-    assert not (tmp_path / "mlflow.db").exists()
+    sweep.dry_run, before anything is created, in one line: the estimate, the memory, the biggest part. The paper's
+    layout passes and the dry run prints its estimate."""
+    from ablate.run import run_sweep
+
+    common = ["experiment=paper_8b", f"model.path={llama_8b}", "sweep=loo", "sweep.dry_run=true",
+              f"paths.outputs={tmp_path}", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"]
+    one = [*common, "run=one_process", "run.trainer_gpus=1", "run.generator_gpus=1", "launcher.nodes=1"]
+    with pytest.raises(ValueError) as refused:
+        run_sweep(compose(one), one)
+    assert str(refused.value).startswith("run.trainer_gpus=1 + run.generator_gpus=1 does not fit a GPU of 80 GB "
+                                         "(launcher.gpu_memory_gb): trainer rank 0 needs ~")
+    assert "the most for weights, gradients and AdamW state (128.5 GB)" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    assert run_sweep(compose(common), common) == 0
+    printed = capsys.readouterr().out
+    assert "9 variants (dry run: nothing submitted)" in printed and "  trainer rank 0: ~69.9 GB of 80 (" in printed
+    assert not list(tmp_path.glob("mlflow.db*"))
