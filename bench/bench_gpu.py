@@ -225,7 +225,7 @@ def whole_run(args, device: torch.device) -> None:
                            f"generation.max_think_tokens={args.run_tokens * 3 // 4}",
                            f"generation.max_answer_tokens={args.run_tokens // 4}", f"train.steps={args.run_steps}",
                            f"train.val_every={10 * args.run_steps}", "task.n_val_prompts=4", "task.val_samples=1",
-                           "train.checkpoint_every=100000"])
+                           "train.checkpoint_every=100000", *(["filtering=none"] if args.every_row else [])])
         body = run["steps"][1:-1] or run["steps"]  # the first step warms up; the last validates
         seconds = (body[-1][0] - run["steps"][0][0]) / max(len(body), 1)
         last = body[-1][1]
@@ -256,6 +256,9 @@ def main() -> None:
     parser.add_argument("--run-prompts", type=int, default=8)
     parser.add_argument("--run-tokens", type=int, default=512)
     parser.add_argument("--run-generators", default="hf,vllm")
+    parser.add_argument("--every-row", action="store_true",
+                        help="whole run with filtering=none: random weights solve nothing, so zero-variance filtering "
+                             "drops every row, and the log-prob gap is measured on the rows trained")
     args = parser.parse_args()
     if args.small:
         for name, value in (("rows", 32), ("prompt", 16), ("completion", 64), ("token_budget", 1024),
