@@ -148,9 +148,11 @@ def _rank(rank: int, init_file: str, configs: list, out: str) -> None:
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    """The FSDP step on 2 ranks for each config: fp32 compute at a visible lr, and bf16 compute at the paper's."""
+    """The FSDP step on 2 ranks for each config: fp32 compute at a visible lr, bf16 compute at the paper's, the same
+    with activation checkpointing (paper_8b's); then bf16 with the gradients accumulated whole (last)."""
     folder = tmp_path_factory.mktemp("fsdp")
-    configs = [_config("optim.lr=1e-3"), _config("model.dtype=bfloat16", "optim.lr=5e-7")]
+    configs = [_config("optim.lr=1e-3"), _config("model.dtype=bfloat16", "optim.lr=5e-7"),
+               _config("model.dtype=bfloat16", "optim.lr=5e-7", "train.activation_checkpointing=true")]
     torch.multiprocessing.start_processes(_rank, args=(str(folder / "init"), configs, str(folder / "out.pt")),
                                           nprocs=WORLD, start_method="spawn")
     out = torch.load(folder / "out.pt", weights_only=False)
@@ -225,12 +227,23 @@ def test_fsdp_computes_in_bf16_as_one_process_does_residual_stream_and_norms_in_
         assert (fsdp["grads"][name] - g).norm() <= 2 ** -8 * g.norm() + 1e-9, name
 
 
+def test_fsdp_with_activation_checkpointing_takes_the_one_process_step_in_bf16(two_ranks):
+    """paper_8b's trainer: FSDP ranks in bf16 with every decoder layer recomputed in the backward (each layer's
+    norms a shard group of their own inside it) against one process with the same: the same loss and gradients to
+    bf16's precision."""
+    configs, results, *_ = two_ranks
+    fsdp, one = results[2], _step(OmegaConf.create(configs[2]))
+    assert fsdp["metrics"]["loss/policy"] == pytest.approx(one["metrics"]["loss/policy"], rel=1e-3, abs=1e-6)
+    for name, g in one["grads"].items():
+        assert (fsdp["grads"][name] - g).norm() <= 2 ** -8 * g.norm() + 1e-9, name
+
+
 def test_accumulated_gradients_stay_sharded_so_a_rank_holds_its_share(two_ranks):
     """Gradient accumulation over a step's passes (11 micro-batches a rank here, bf16 compute): with
     run.sharded_gradients (the default) a rank holds its shard of the fp32 gradient, 4N / 2 bytes, between passes;
     accumulated whole (FSDP2's no-sync) it holds 4N, a whole fp32 gradient (32 GB at 8B)."""
     _, results, *_ = two_ranks
-    sharded, whole = results[1], results[2]
+    sharded, whole = results[1], results[-1]
     full = 4 * sharded["params"]
     assert len(sharded["gradient_bytes"]) >= 4  # several passes, then the update
     assert max(sharded["gradient_bytes"]) <= full / WORLD * 1.01
