@@ -15,6 +15,7 @@ import hashlib
 import logging
 import pickle
 import threading
+import time
 from collections.abc import Callable, Mapping
 
 import torch
@@ -96,6 +97,7 @@ class RemoteEngine:
         self._next_key = 0
         self.waves: list[int] = []  # rows per wave in flight on the busiest engine (the pipeline counts them)
         self.decode_steps = 0  # of the engine that took the most in each request
+        self._step_s = 0.0  # seconds a decode step took in the last request (0: none yet)
         replies = self._all("init", dict(model), limits, engine_args, build,
                             per_engine=[(engine_seed(seed, k),) for k, members in enumerate(self.members)
                                         for _ in members])
@@ -138,11 +140,15 @@ class RemoteEngine:
 
     def advance(self, steps: int, seconds: float = 0.0) -> list[Sequence]:
         """Every busy engine decodes until a wave of its own ends, `steps` steps, or `seconds` (ablate.generators.
-        engine.advance), all at once; one request and one answer each, however many steps they took."""
+        engine.advance), all at once; one request and one answer each, however many steps they took. The seconds
+        become a count of steps here, at the pace of the last request: an engine's tensor-parallel processes must
+        stop after the same step (each step is a collective among them), which their own clocks would not agree on."""
+        if seconds > 0:
+            steps = min(steps, max(1, int(seconds / self._step_s))) if self._step_s else 1
         busy = [k for k, count in enumerate(self._running) if count]
         mine, waves, took = [], [], 0
-        for k, (ended, engine_waves, taken) in zip(busy, self._each_engine("advance", busy,
-                                                                          [(steps, seconds)] * len(busy))):
+        began = time.perf_counter()
+        for k, (ended, engine_waves, taken) in zip(busy, self._each_engine("advance", busy, [(steps,)] * len(busy))):
             took = max(took, taken)
             self._running[k] -= len(ended)
             waves.append(engine_waves)
@@ -152,6 +158,8 @@ class RemoteEngine:
                 mine.append(own)
         self.waves = max(waves, key=len, default=[])
         self.decode_steps += took
+        if took:
+            self._step_s = (time.perf_counter() - began) / took
         return mine
 
     def _each_engine(self, name: str, engines: list[int], args: list[tuple] | None = None) -> list:
@@ -322,9 +330,9 @@ class _Served:
         self.engine.start([row for _, row in keyed])
         return [len(w) for w in self.engine.waves]
 
-    def advance(self, steps: int, seconds: float) -> tuple[list, list[int], int]:
+    def advance(self, steps: int) -> tuple[list, list[int], int]:
         before = self.engine.decode_steps
-        done = [(self.keys.pop(id(row)), row) for row in self.engine.advance(steps, seconds)]
+        done = [(self.keys.pop(id(row)), row) for row in self.engine.advance(steps)]
         return done, [len(w) for w in self.engine.waves], self.engine.decode_steps - before
 
     def rng_get(self):
