@@ -85,6 +85,13 @@ class SigmoidFit:
     def ok(self) -> bool:
         return self.status == "ok"
 
+    @property
+    def A_identified(self) -> bool:
+        """The data reach the fitted C_mid, where the curve has made half its gain: before it, the ceiling A is an
+        extrapolation that B and C_mid can trade against (docs/fitting.md#when-a-is-identified). A fit without a
+        fitted range (a synthetic one) counts as identified."""
+        return not (math.isfinite(self.c_max) and math.isfinite(self.C_mid)) or self.c_max >= self.C_mid
+
     def predict(self, compute) -> np.ndarray:
         """R(C) by Eq. 1 with the fitted parameters (NaN for a failed fit)."""
         if not self.ok:

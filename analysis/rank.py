@@ -260,6 +260,8 @@ MOVES_A, MOVES_B, BOTH, NO_CHANGE = "moves A", "moves B", "moves A and B", "no d
 MOVES_C = "moves C_mid"  # neither A nor B moved, the compute to reach a common reward did
 CATEGORIES = (MOVES_A, MOVES_B, BOTH, MOVES_C, NO_CHANGE)
 NOT_TESTABLE = "not testable at this scale"  # the sweep says the axis cannot show its effect here: no verdict
+# a run's data stop before its fitted C_mid and nothing else moved: no verdict on A, so none at all yet
+A_NOT_IDENTIFIED = "A not identified yet"
 OWN_FITS, COMMON_A = "own fits", "common A"
 
 
@@ -276,6 +278,7 @@ class Verdict:
     resolution: tuple[float, float] | None = None  # the smallest |dA|, |dB| this comparison detects 9 times in 10
     compute: Efficiency | None = None  # the compute to reach a reward both reach (None: no draws to tell it)
     detail: str = ""
+    A_identified: bool = True  # both runs' data reach their fitted C_mid; else no claim on A (resolution open)
 
     @property
     def moves_A(self) -> bool:
@@ -293,9 +296,10 @@ class Verdict:
     def text(self) -> str:
         """The label as a table shows it: "moves A (small)" for a move below the paper's 0.02, "moves C_mid (1.38x
         compute)"."""
+        tail = "" if self.A_identified or self.label == A_NOT_IDENTIFIED else f"; {A_NOT_IDENTIFIED}"
         if self.moves_C:
-            return f"{self.label} ({self.compute.ratio:.2f}x compute)"
-        return f"{self.label} (small)" if self.small else self.label
+            return f"{self.label} ({self.compute.ratio:.2f}x compute){tail}"
+        return (f"{self.label} (small)" if self.small else self.label) + tail
 
     @property
     def resolution_text(self) -> str:
@@ -303,7 +307,8 @@ class Verdict:
         if self.resolution is None:
             return ""
         dA, dB = self.resolution
-        a = f"|ΔA| >= {dA:.3f}" if math.isfinite(dA) else "ΔA not resolved (an A interval is open)"
+        a = f"|ΔA| >= {dA:.3f}" if math.isfinite(dA) else "ΔA not resolved (an A interval is open)" \
+            if self.A_identified else f"ΔA not resolved ({A_NOT_IDENTIFIED})"
         b = f"|ΔB| >= {dB:.2f}" if math.isfinite(dB) else "ΔB not resolved (a B interval is open)"
         if self.compute is None:
             return f"{a}, {b}"
@@ -327,7 +332,8 @@ def verdict(fit: SigmoidFit, base: SigmoidFit | None, *,
     if base is None or not base.ok:
         return Verdict("no base", detail="no fitted base recipe (scalerl) to compare with")
     dA = fit.A - base.A
-    a_moved = not overlap(fit.ci["A"], base.ci["A"])
+    identified = fit.A_identified and base.A_identified  # no claim on A before both curves show their ceiling
+    a_moved = identified and not overlap(fit.ci["A"], base.ci["A"])
     mine, theirs, why, joint = fit, base, "A moved", None
     if not a_moved:
         mine, theirs, why, joint = _b_at_common_A(fit, base, common)
@@ -337,13 +343,14 @@ def verdict(fit: SigmoidFit, base: SigmoidFit | None, *,
     compute = efficiency(fit, base)
     c_moved = not a_moved and not b_moved and compute is not None and compute.moved
     label = (BOTH if a_moved and b_moved else MOVES_A if a_moved else MOVES_B if b_moved else MOVES_C if c_moved
-             else NO_CHANGE)
-    power = (resolution(fit.A, fit.ci["A"], base.A, base.ci["A"], top=1.0),
+             else NO_CHANGE if identified else A_NOT_IDENTIFIED)
+    power = (resolution(fit.A, fit.ci["A"], base.A, base.ci["A"], top=1.0) if identified else math.inf,
              resolution(mine.B, mine.ci["B"], theirs.B, theirs.ci["B"]))
     small = a_moved and abs(dA) < A_TIE
     v = Verdict(label, dA=dA, dB=dB, b_basis=basis, common_A=joint.A if joint is not None else None,
-                B=(mine.B, theirs.B), small=small, resolution=power, compute=compute)
-    detail = f"{_a_detail(fit, base, a_moved, small)}; {_b_detail(mine, theirs, b_moved, v, why)}"
+                B=(mine.B, theirs.B), small=small, resolution=power, compute=compute, A_identified=identified)
+    a_detail = _a_detail(fit, base, a_moved, small) if identified else _unidentified(fit, base)
+    detail = f"{a_detail}; {_b_detail(mine, theirs, b_moved, v, why)}"
     return replace(v, detail=detail + (f"; {compute.detail}" if compute is not None else ""))
 
 
@@ -369,6 +376,12 @@ def _a_detail(fit: SigmoidFit, base: SigmoidFit, moved: bool, small: bool) -> st
     side = "higher" if fit.A > base.A else "lower"
     tail = f", small: within the paper's {A_TIE} margin between runs (a seed would tell)" if small else ""
     return f"A {side} by {abs(fit.A - base.A):.3f} ({spans}, the intervals apart){tail}"
+
+
+def _unidentified(fit: SigmoidFit, base: SigmoidFit) -> str:
+    short = [f"{name}'s data stop at {fmt_compute(f.c_max)} GPU-h, before its C_mid {fmt_compute(f.C_mid)}"
+             for name, f in (("the variant", fit), ("the base", base)) if not f.A_identified]
+    return f"{A_NOT_IDENTIFIED}: {' and '.join(short)} (A {fit.A:.3f} vs {base.A:.3f}, extrapolated: no claim on A)"
 
 
 def _b_detail(mine: SigmoidFit, theirs: SigmoidFit, moved: bool, v: Verdict, why: str) -> str:

@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 from analysis.law import CI_LEVEL, fmt_compute
-from analysis.rank import (A_TIE, BASELINE, BOTH, CATEGORIES, MOVES_A, MOVES_B, MOVES_C, NO_CHANGE,
+from analysis.rank import (A_NOT_IDENTIFIED, A_TIE, BASELINE, BOTH, CATEGORIES, MOVES_A, MOVES_B, MOVES_C, NO_CHANGE,
                            NOT_TESTABLE)
 from analysis.runs import ALL_SWEEPS
 
@@ -47,6 +47,10 @@ def headline(report) -> list[str]:
     if report.left_out:
         named = "; ".join(f"{row.label}: {row.incomplete}" for row in report.left_out)
         lines.append(f"No rank and no verdict (incomplete runs): {named}.")
+    early = [row.label for row in report.rows if row.verdict.label == A_NOT_IDENTIFIED]
+    if early:
+        lines.append(f"No verdict yet, {A_NOT_IDENTIFIED} (a run's data stop before its fitted C_mid, nothing else "
+                     f"moved): {', '.join(early)}.")
     untestable = [row for row in report.rows if row.verdict.label == NOT_TESTABLE]
     if untestable:
         named = "; ".join(f"{row.label}: {row.verdict.detail}" for row in untestable)

@@ -282,3 +282,24 @@ def test_a_truth_that_never_reaches_R_star_needs_more_compute_whatever_the_facto
     neither = expected(low, MockTruth(A=0.52, B=1.5, C_mid=100.0, R0=0.2), (0.2, 0.5), compute)
     assert math.isnan(neither.dlnC) and neither.C == "either"
     assert neither.judge(False, 0.0, False, 0.0, True, math.log(1.5)) == ""
+
+
+def test_no_verdict_on_A_before_a_curve_reaches_its_c_mid():
+    """A ceiling 0.04 lower, fitted on data that stop before the curves' C_mid (A extrapolated: B and C_mid can
+    trade against it) gets no claim on A, whatever its intervals say: "A not identified yet", the A resolution open;
+    the same fits with the data past C_mid move A. Either way nothing else moved."""
+    from analysis.rank import A_NOT_IDENTIFIED
+
+    def ran_to(c_max: float, A: float) -> SigmoidFit:
+        return SigmoidFit(A=A, B=1.9, C_mid=2500.0, R0=0.3, c_min=100.0, c_max=c_max,
+                          ci={"A": (A - 0.005, A + 0.005), "B": (1.7, 2.1), "C_mid": (2000.0, 3000.0)})
+
+    early = verdict(ran_to(2000.0, 0.57), ran_to(16000.0, 0.61))
+    assert not ran_to(2000.0, 0.57).A_identified and ran_to(2500.0, 0.57).A_identified
+    assert early.label == A_NOT_IDENTIFIED and not early.moves_A and not early.A_identified
+    assert early.text == A_NOT_IDENTIFIED and math.isinf(early.resolution[0])
+    assert early.detail.startswith("A not identified yet: the variant's data stop at 2,000 GPU-h, before its C_mid")
+    assert "ΔA not resolved (A not identified yet)" in early.resolution_text
+    assert verdict(ran_to(16000.0, 0.61), ran_to(2000.0, 0.57)).label == A_NOT_IDENTIFIED  # the base's too
+    late = verdict(ran_to(16000.0, 0.57), ran_to(16000.0, 0.61))
+    assert late.label == MOVES_A and late.A_identified and math.isfinite(late.resolution[0])
