@@ -4,7 +4,6 @@ layout whose processes would not fit their GPUs' memory."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -113,19 +112,12 @@ def check_run(cfg: DictConfig) -> None:
 
 
 def model_shape(model: DictConfig):
-    """The decoder's shape (ablate.memory.Shape): model.path's config.json, or the model built from the fields."""
+    """The decoder's shape (ablate.memory.Shape) from the config the policy is built from (model.path's, or the
+    tiny Llama's): no weights are read."""
     from ablate.memory import Shape
+    from ablate.policy import model_config
 
-    if model.path:
-        import transformers
-
-        return Shape.of(transformers.AutoConfig.from_pretrained(os.path.expanduser(str(model.path))))
-    from ablate.policy import build_tokenizer
-
-    heads = int(model.num_heads)
-    return Shape(layers=int(model.num_layers), hidden=int(model.hidden_size),
-                 intermediate=int(model.get("intermediate_size", 0) or 4 * model.hidden_size), heads=heads,
-                 kv_heads=heads, vocab=int(model.vocab_size or len(build_tokenizer(model))))
+    return Shape.of(model_config(model))
 
 
 def layout_memory(cfg: DictConfig, gpu_gb: float) -> list:
@@ -138,8 +130,7 @@ def layout_memory(cfg: DictConfig, gpu_gb: float) -> list:
     from ablate import memory
 
     shape = model_shape(cfg.model)
-    size = lambda dtype: torch.empty((), dtype=getattr(torch, str(dtype))).element_size()  # noqa: E731
-    compute, head = size(cfg.model.dtype), size(cfg.precision.head_dtype)
+    compute, head = (getattr(torch, str(name)).itemsize for name in (cfg.model.dtype, cfg.precision.head_dtype))
     n, g = int(cfg.run.trainer_gpus), int(cfg.run.get("generator_gpus", 0))
     gen = cfg.generation
     row_tokens = int(gen.max_prompt_tokens) + int(gen.max_think_tokens) + int(gen.max_answer_tokens)

@@ -136,8 +136,7 @@ def torch_engine(shape: Shape, *, compute: int, copies: int, rows: float, row_to
             "generator's KV cache": rows * row_tokens * kv_bytes_per_token(shape, compute)}
 
 
-def vllm_engine(shape: Shape, *, compute: int, gpu_bytes: float, utilization: float, staged: bool,
-                tensor_parallel: int = 1) -> dict[str, float]:
+def vllm_engine(shape: Shape, *, compute: int, gpu_bytes: float, utilization: float, staged: bool) -> dict[str, float]:
     """vLLM's share of the GPU (gpu_memory_utilization: its weights, activations and KV cache), and, staged, the
     staging copy of the whole model beside it (every tensor-parallel rank gets every tensor)."""
     parts = {"vLLM (gpu_memory_utilization)": utilization * gpu_bytes}

@@ -144,10 +144,10 @@ def _estimate_gb(cfg, ro: Rollouts) -> float:
     lengths = ro.prompt_mask.sum(dim=1) + ro.lengths
     batches = micro_batches(lengths, ro.mask.any(dim=1), cfg.train.micro_batch_size, cfg.train.micro_batch_tokens)
     tokens = max(len(b) * int(lengths[b].max()) for b in batches)
-    size = lambda name: torch.empty((), dtype=getattr(torch, name)).element_size()  # noqa: E731
     estimate = memory.trainer(model_shape(cfg.model), ranks=1, micro_tokens=tokens,
                               checkpointing=bool(cfg.train.activation_checkpointing),
-                              compute=size(cfg.model.dtype), head=size(cfg.precision.head_dtype))
+                              compute=getattr(torch, cfg.model.dtype).itemsize,
+                              head=getattr(torch, cfg.precision.head_dtype).itemsize)
     return estimate.total / 2**30
 
 

@@ -95,8 +95,9 @@ def capabilities(node: DictConfig | Mapping) -> Capabilities:
 
 class Engine(Protocol):
     """What the pipeline drives: a decoder of rows, one decode step per `step()` (a run of them per `advance`),
-    whose weights change between steps. Ours in torch (engine.py), vLLM's (vllm_engine.py), or a handle on engines in processes of their own
-    (remote.py), which `stages` weights: `stage` sends them now, `load(None, version)` takes what was staged."""
+    whose weights change between steps. Ours in torch (engine.py), vLLM's (vllm_engine.py), or a handle on engines
+    in processes of their own (remote.py), which `stages` weights: `stage` sends them now, `load(None, version)`
+    takes what was staged."""
 
     stages: ClassVar[bool]  # new weights go to a staging copy first (`stage`), then `load(None, version)` takes it
     limits: Limits

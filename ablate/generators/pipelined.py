@@ -76,7 +76,7 @@ class PipelineGenerator(Generator):
 
         gen = cfg.generation
         rows = int(cfg.generator.max_waves) * int(cfg.batch.prompts_per_step) * int(cfg.batch.samples_per_prompt)
-        return torch_engine(shape, compute=torch.empty((), dtype=compute_dtype(cfg.model)).element_size(),
+        return torch_engine(shape, compute=compute_dtype(cfg.model).itemsize,
                             copies=2 if processes else 1, rows=rows / max(processes, 1),
                             row_tokens=int(gen.max_prompt_tokens) + int(gen.max_think_tokens)
                             + int(gen.max_answer_tokens))

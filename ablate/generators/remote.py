@@ -259,7 +259,7 @@ class RemoteEngine:
 
 
 def _outcome(reply) -> list:
-    """What a start or step reply decided: the rows' tokens (a step's), the waves' sizes."""
+    """What a start or advance reply decided: the rows' tokens, the waves' sizes, the decode steps taken."""
     if isinstance(reply, tuple):
         ended, *rest = reply
         return [(key, row.tokens) for key, row in ended] + rest

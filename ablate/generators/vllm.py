@@ -71,13 +71,11 @@ class VLLMGenerator(PipelineGenerator):
     def engine_memory(cls, cfg, shape, gpu_bytes: float, *, processes: int) -> dict[str, float]:
         """vLLM's share of the GPU (gpu_memory_utilization), which must hold its weights, and in an engine process
         with weight_transfer=staged the staging copy beside it."""
-        import torch
-
         from ablate.memory import GB, vllm_engine, vllm_room
         from ablate.policy import compute_dtype
 
         g = cfg.generator
-        compute = torch.empty((), dtype=compute_dtype(cfg.model)).element_size()
+        compute = compute_dtype(cfg.model).itemsize
         tp = int(g.get("tensor_parallel_size", 1)) if processes else 1
         room = vllm_room(shape, compute=compute, gpu_bytes=gpu_bytes, utilization=float(g.gpu_memory_utilization),
                          tensor_parallel=tp)
@@ -85,5 +83,4 @@ class VLLMGenerator(PipelineGenerator):
             raise ValueError(f"generator.gpu_memory_utilization={g.gpu_memory_utilization} of a {gpu_bytes / GB:g} GB "
                              f"GPU cannot hold vLLM's {compute * shape.params / tp / GB:,.1f} GB of weights")
         return vllm_engine(shape, compute=compute, gpu_bytes=gpu_bytes, utilization=float(g.gpu_memory_utilization),
-                           staged=bool(processes) and g.get("weight_transfer", "staged") == "staged",
-                           tensor_parallel=tp)
+                           staged=bool(processes) and g.get("weight_transfer", "staged") == "staged")
