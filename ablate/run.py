@@ -156,7 +156,7 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     folder = Path(cfg.launcher.folder).resolve() / sid
 
     previous = _previous_jobs(folder)
-    specs, kinds = [], {}
+    kinds, run_ids = {}, {}
     for p in planned:
         runs = [] if cfg.sweep.force else tracking.find_runs(client, exp_id, signature=p.signature, role="variant")
         kind, run_id = _decide(runs, previous, _has_checkpoint(cfg))
@@ -164,11 +164,16 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
             run_id = tracking.create_variant_run(client, exp_id, p.variant.name, variant_tags(p, sid), parent)
         elif kind == "resume":  # failed, killed, or its job is gone: again, from its checkpoint
             client.update_run(run_id, status="SCHEDULED")
-        kinds[p.signature] = kind
+        kinds[p.signature], run_ids[p.variant.name] = kind, run_id
+    specs, sweep_settings = [], OmegaConf.to_container(cfg.sweep, resolve=True)
+    for p in planned:
+        kind, run_id = kinds[p.signature], run_ids[p.variant.name]
         meta = {"run_id": run_id}
         if kind == "alive":
             meta["job_id"] = previous[run_id][0]  # the manifest keeps pointing at the job that runs it
-        args = (job_config(p.cfg), run_id, uri) if kind in ("new", "resume") else ()
+        config = job_config(p.cfg)  # composed without the command line's sweep.* (they are not the variant's)
+        config["sweep"] = {**sweep_settings, "runs": run_ids}  # so the adaptive sweep's jobs find each other's runs
+        args = (config, run_id, uri) if kind in ("new", "resume") else ()
         specs.append(JobSpec(p.variant.name, p.signature, args, meta))
     skip_reasons = {"finished": "FINISHED", "alive": "still running (left alone)"}
 

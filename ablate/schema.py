@@ -332,6 +332,14 @@ class Sweep:
     force: bool = False  # run variants again even when a FINISHED run with the same signature exists
     recipes: list[str] = field(default_factory=list)  # for sweep=recipes
     report: bool = True  # a local sweep ends by making the report
+    # the adaptive sweep (docs/design.md#the-adaptive-sweep): each variant is looked at at its rungs (fractions of
+    # its train.steps) and stops at the first where the forecast to its full budget settles its verdict
+    adaptive: bool = False
+    rungs: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0])
+    confidence: float = 0.95  # the share of forecasts whose verdict must be the verdict now
+    forecasts: int = 20  # continuations to the full budget drawn per decision
+    base_wait_min: float = 120.0  # how long a variant waits at a rung for the base recipe to reach its compute
+    runs: dict[str, str] = field(default_factory=dict)  # set by the sweep for its jobs: variant -> MLflow run id
 
 
 @dataclass

@@ -33,6 +33,7 @@ from ablate.policy import Scorer, build_policy, build_tokenizer, compute_dtype
 from ablate.registry import build
 from ablate.rl.aggregation import token_weights
 from ablate.rollouts import Rollouts
+from ablate.rungs import Rungs
 from ablate.tasks.base import PromptsExhausted
 from ablate.warm_start import cached_warm_start
 from ablate.tracking import RunLogger
@@ -222,6 +223,7 @@ class RunState:
     flops: float = 0.0
     diverged: bool = False
     stopped: str = ""  # why the run ended before its last step, other than diverging (no training prompts left)
+    settled: bool = False  # an adaptive sweep stopped it at a rung, its verdict settled: FINISHED, checkpoint kept
 
 
 class PreemptionNotice:
@@ -342,7 +344,7 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
             with _closing(run.generator):
                 run.train(notice, progress)
             tracker.close("FAILED" if run.state.diverged else "FINISHED")
-            if not run.state.diverged:
+            if not (run.state.diverged or run.state.settled):  # a settled run keeps its checkpoint: it may be extended
                 run.checkpoint.remove()  # a finished run is not resumed; at 8B its optimizer state alone is ~100 GB
     return run.state
 
@@ -400,6 +402,7 @@ class _Run:
         self.sampler = PromptSampler(task.size("train"), cfg.seed, self.prompt_filter, more=task.more_train)
         self.generator = build(cfg.generator, cfg=cfg, task=task, sampler=self.sampler, policy=self.learner.weights())
         self.checkpoint = Checkpoint(folder)
+        self.rungs = Rungs(cfg, run_id, tracker)  # the adaptive sweep's looks (none outside one)
         self.state = RunState()
         self.n_params = sum(p.numel() for p in self.learner.policy.parameters())
         self._resume_or_start()
@@ -432,7 +435,7 @@ class _Run:
             if outcome is None:
                 break
             metrics, tick, weights = outcome
-            if step % cfg.train.val_every == 0 or step == cfg.train.steps:  # the weights just published: one gather
+            if step % cfg.train.val_every == 0 or step == cfg.train.steps or self.rungs.due(step):  # one gather
                 metrics["val/pass_rate"] = self.generator.validate(state.gpu_hours, policy=weights, step=step)
             if step % cfg.train.log_every == 0 or "val/pass_rate" in metrics:
                 tracker.log_metrics(metrics, step=step)
@@ -440,6 +443,11 @@ class _Run:
                 self._save()
             if progress is not None:
                 progress(step, cfg.train.steps, metrics)
+            decision = self.rungs.look(step)
+            if decision is not None and decision.stop:  # settled: the run ends here, FINISHED, its checkpoint kept
+                state.settled, state.stopped = True, decision.summary()
+                self._save()
+                break
             if notice.received and step < cfg.train.steps:  # preempted or at the time limit: save, then requeue
                 self._save()
                 tracker.set_tags({"ablate.requeued_at": str(step)})

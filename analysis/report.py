@@ -209,7 +209,7 @@ def make_report(
     out = Path(out_dir) if out_dir is not None else Path("reports") / _safe(experiment)
     out.mkdir(parents=True, exist_ok=True)
 
-    rows = _rows(curves, out)
+    rows = variant_rows(curves, out)
     base = next((row for row in rows if row.verdict.label == "base"), None)
     for row in rows:
         title = f"{row.label} ({_seeds(row)}, {row.run_status})"
@@ -253,7 +253,7 @@ def make_report(
 # --- rows: fits, ranking, verdicts, truth ------------------------------------------------------------------------
 
 
-def _rows(curves: list[RunCurve], out: Path) -> list[ReportRow]:
+def variant_rows(curves: list[RunCurve], out: Path = Path(".")) -> list[ReportRow]:
     """Complete runs: grouped into variants, fitted, ranked, judged against the base; then incomplete runs,
     grouped and fitted, with no rank and no verdict."""
     complete = group_seeds([c for c in curves if not c.incomplete])

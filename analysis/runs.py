@@ -20,6 +20,7 @@ from ablate.tracking import server_problem  # stdlib only: no torch, no trainer
 PASS_RATE = "val/pass_rate"
 COMPUTE = "compute/gpu_hours"
 END_REASON_TAG = "ablate.stopped_early"  # why a FINISHED run stopped before train.steps (the trainer's reason)
+SETTLED_TAG = "ablate.settled_at"  # the step at which an adaptive sweep stopped the run, its verdict settled
 UNTESTABLE_TAG = "ablate.untestable"  # why a variant's axis cannot show its effect at this scale (the sweep's)
 ALL_SWEEPS = "all"  # `--sweep all`: every sweep of the experiment
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -64,6 +65,11 @@ class RunCurve:
     tags: dict = field(default_factory=dict, repr=False)
 
     @property
+    def c_max(self) -> float:
+        """The compute of its last validation point (0 before any)."""
+        return float(self.compute.max(initial=0.0))
+
+    @property
     def planned_steps(self) -> int | None:
         """train.steps of its config (None when not logged)."""
         try:
@@ -85,7 +91,7 @@ class RunCurve:
         of = f" of {planned:,}" if planned else ""
         if self.status != "FINISHED":
             return f"{self.status} at step {self.last_step:,}{of}"
-        if planned and self.last_step < planned:
+        if planned and self.last_step < planned and SETTLED_TAG not in self.tags:  # settled: complete where it is
             reason = self.tags.get(END_REASON_TAG)
             return f"truncated at step {self.last_step:,}{of}" + (f": {reason}" if reason else "")
         return ""
@@ -134,6 +140,11 @@ def load_runs(
         runs = [run for run in runs if run.info.run_id in wanted]
     runs.sort(key=lambda run: run.info.start_time or 0)
     return [_curve(client, run) for run in runs]
+
+
+def load_curve(client, run_id: str) -> RunCurve:
+    """One run and its curve, as it is in the store now (a running run's points so far)."""
+    return _curve(client, client.get_run(run_id))
 
 
 def latest_sweep(experiment: str, tracking_uri: str | None = None) -> str | None:

@@ -1,0 +1,162 @@
+"""The adaptive sweep's rule (analysis/adaptive.py) on curves of known truth, and its looks from inside a run
+(ablate/rungs.py) against a real MLflow store."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ablate.config import compose
+from ablate.rungs import Rungs
+from analysis.adaptive import Curve, Decision, decide, decisions_of, gpu_hours_saved, rung_steps
+from analysis.rank import A_NOT_IDENTIFIED, BOTH
+from analysis.runs import END_REASON_TAG, SETTLED_TAG
+from analysis.synthetic import Truth, make_curve
+from ablate import tracking
+
+BASE = Truth(A=0.61, B=1.92, C_mid=2542.0, R0=0.30)
+# 0.16 lower and twice as steep: at a quarter of the budget, past C_mid, every forecast says what the data say now
+# (a ceiling alone, or a steepness alone, leaves the other claim open at a quarter: the full budget may see it)
+FAR = Truth(A=0.45, B=4.0, C_mid=BASE.C_mid, R0=BASE.R0)
+STEPS = 80  # a run of 80 steps of 200 GPU-hours: 16k GPU-hours, the mock's budget
+
+
+def _run(truth: Truth, seed: int) -> Curve:
+    c = make_curve(np.random.default_rng(seed), truth, c_max=STEPS * 200.0, every=200.0)
+    return Curve(np.arange(c.compute.size), c.compute, c.reward)
+
+
+def test_rungs_are_the_fractions_steps_and_bad_ones_are_refused():
+    assert rung_steps(50) == [12, 25, 50]  # round(12.5) is 12: Python rounds half to even
+    assert rung_steps(80, [0.5, 1.0]) == [40, 80]
+    for bad in ([0.5], [0.5, 0.25, 1.0], [0.0, 1.0], []):
+        with pytest.raises(ValueError, match="sweep.adaptive.rungs"):
+            rung_steps(80, bad)
+
+
+def test_a_variant_far_from_the_base_settles_at_the_first_rung_and_says_why():
+    d = decide(_run(FAR, 1), _run(BASE, 2), rung=1, step=20, steps=STEPS)
+    assert d.stop and d.verdict == BOTH and d.forecast[BOTH] >= 0.95
+    assert d.compute == pytest.approx(20 * 200.0)
+    assert gpu_hours_saved(d) == pytest.approx(60 * 200.0)  # 60 steps left at 200 GPU-hours a step
+    assert "in 2" in d.reason and "forecasts to the full budget" in d.reason
+    # the band: the variant's law to its full budget, 90% of the posterior's values, near the truth at 16k (this
+    # run's wobble aside) and wider there, 4x past the data, than at the rung
+    c, lo, hi = d.band[-1]
+    at_rung = next(row for row in d.band if row[0] >= 4000.0)
+    assert c == pytest.approx(16000.0) and lo - 0.01 < FAR(16000.0) < hi + 0.01
+    assert hi - lo > at_rung[2] - at_rung[1] > 0
+
+
+def test_no_stop_on_A_while_a_curve_has_not_reached_its_C_mid():
+    late = Truth(A=0.70, B=1.5, C_mid=8000.0, R0=BASE.R0)  # at rung 1 (4k GPU-h) it has not made half its gain
+    d = decide(_run(late, 1), _run(BASE, 2), rung=1, step=20, steps=STEPS)  # its fit: C_mid 5,807, past 4k
+    assert not d.stop and d.reason.startswith(A_NOT_IDENTIFIED) and not d.forecast
+
+
+def test_the_base_is_cut_at_the_variants_compute_and_the_last_rung_always_stops():
+    base = _run(BASE, 2)
+    short = decide(_run(BASE, 1), base, rung=1, step=20, steps=STEPS, forecasts=4)
+    same = decide(_run(BASE, 1), Curve(base.step[:21], base.compute[:21], base.reward[:21]), rung=1, step=20,
+                  steps=STEPS, forecasts=4)
+    assert short == same  # the base's points past the variant's compute change nothing
+    last = decide(_run(BASE, 1), base, rung=3, step=STEPS, steps=STEPS)
+    assert last.stop and last.reason == "its full budget" and gpu_hours_saved(last) == 0.0
+
+
+def test_a_decision_survives_its_tag():
+    d = decide(_run(BASE, 1), _run(BASE, 2), rung=1, step=20, steps=STEPS, forecasts=4, seed=3)
+    tags = {"ablate.rung.1": d.to_json(), "ablate.variant": "x", "ablate.rung.2": "not json"}
+    assert decisions_of(tags) == [d]
+    assert decide(_run(BASE, 1), _run(BASE, 2), rung=1, step=20, steps=STEPS, forecasts=4, seed=3) == d
+
+
+# --- the looks from inside a run --------------------------------------------------------------------------------
+
+
+class _Logger:
+    """What Rungs uses of the trainer's RunLogger, on a real store."""
+
+    def __init__(self, client, run_id):
+        self.client, self.run_id = client, run_id
+
+    def flush(self):
+        pass
+
+    def set_tags(self, tags):
+        for key, value in tags.items():
+            self.client.set_tag(self.run_id, key, value)
+
+
+def _log(client, run_id, curve: Curve, upto: int, start: int = 0):
+    for s in range(start, upto + 1):
+        client.log_metric(run_id, "val/pass_rate", float(curve.reward[s]), step=s)
+        client.log_metric(run_id, "compute/gpu_hours", float(curve.compute[s]), step=s)
+
+
+@pytest.fixture
+def store(mlflow_uri):
+    client = tracking.client(mlflow_uri)
+    exp = tracking.experiment_id(client, "adaptive")
+    runs = {name: tracking.create_variant_run(client, exp, name, {"ablate.variant": name})
+            for name in ("scalerl", "loo-low")}
+    return client, runs
+
+
+def _rungs(client, runs, run_id, clock=None, sleep=None):
+    cfg = compose([f"train.steps={STEPS}", "sweep.adaptive=true", "sweep.forecasts=8", "sweep.base_wait_min=1"])
+    cfg.sweep.runs = runs
+    kwargs = {"clock": clock, "sleep": sleep} if clock else {}
+    return Rungs(cfg, run_id, _Logger(client, run_id), poll_s=1.0, **kwargs)
+
+
+def test_a_variant_waits_for_the_base_to_reach_its_compute_then_decides_once(store, monkeypatch):
+    client, runs = store
+    low, base = _run(FAR, 1), _run(BASE, 2)
+    _log(client, runs["loo-low"], low, 20)
+    _log(client, runs["scalerl"], base, 12)  # behind: 12 steps of the variant's 20
+    now = [0.0]
+
+    def sleep(s):  # while the variant waits, the base logs 4 more steps
+        now[0] += s
+        done = max(m.step for m in client.get_metric_history(runs["scalerl"], "compute/gpu_hours"))
+        _log(client, runs["scalerl"], base, done + 4, start=done + 1)
+
+    r = _rungs(client, runs, runs["loo-low"], clock=lambda: now[0], sleep=sleep)
+    assert r.rungs == [20, 40, 80] and r.due(20) and not r.due(80)
+    d = r.look(20)
+    assert now[0] == 2.0  # two polls: the base at 16, then at 20 steps
+    assert d.stop and d.verdict == BOTH
+    tags = client.get_run(runs["loo-low"]).data.tags
+    assert Decision.from_json(tags["ablate.rung.1"]) == d and tags[SETTLED_TAG] == "20"
+    assert tags[END_REASON_TAG] == d.summary() and "settled at rung 1 (step 20 of 80" in tags[END_REASON_TAG]
+
+    monkeypatch.setattr("ablate.rungs.decide", lambda *a, **k: pytest.fail("decided twice"))
+    assert r.look(20) == d  # after a restart: the decision logged, not a new one
+
+
+def test_a_variant_whose_base_never_comes_goes_on_undecided(store):
+    client, runs = store
+    _log(client, runs["loo-low"], _run(BASE, 1), 20)
+    _log(client, runs["scalerl"], _run(BASE, 2), 5)
+    now = [0.0]
+
+    def sleep(s):
+        now[0] += s
+
+    d = _rungs(client, runs, runs["loo-low"], clock=lambda: now[0], sleep=sleep).look(20)
+    assert not d.stop and "had not reached" in d.reason and now[0] >= 60.0
+
+
+def test_the_base_goes_on_while_a_variant_is_open_and_stops_once_all_settled(store):
+    client, runs = store
+    base = _rungs(client, runs, runs["scalerl"])
+    _log(client, runs["scalerl"], _run(BASE, 2), 40)
+    assert not base.look(20).stop  # loo-low has decided nothing yet
+    settled = Decision(rung=1, step=20, steps=STEPS, compute=4000.0, decision="stop", verdict=BOTH, reason="x")
+    client.set_tag(runs["loo-low"], "ablate.rung.1", settled.to_json())
+    d = base.look(40)
+    assert d.stop and d.rung == 2 and "every variant has settled" in d.reason
+    assert json.loads(client.get_run(runs["scalerl"]).data.tags["ablate.rung.2"])["decision"] == "stop"
