@@ -98,7 +98,7 @@ def decide(variant: Curve, base: Curve, *, rung: int, step: int, steps: int, con
     except FitError as err:
         return Decision(decision=GO, verdict="no fit", reason=f"no fit yet ({err.reason})", **args)
     now = verdict(fit, base_fit).label
-    band = _band(fit, c_rung * steps / step)
+    band = _band(fit, c_rung, c_rung * steps / step)
     if step >= steps:
         return Decision(decision=STOP, verdict=now, reason="its full budget", band=band, **args)
     if not (fit.A_identified and base_fit.A_identified):
@@ -120,8 +120,9 @@ def _fit(curve: Curve) -> SigmoidFit:
     return fit_sigmoid(curve.compute, curve.reward)
 
 
-def _band(fit: SigmoidFit, c_full: float, points: int = 24) -> list[list[float]]:
-    c = np.geomspace(max(fit.c_min, c_full / 1e3), c_full, points)
+def _band(fit: SigmoidFit, c_rung: float, c_full: float, points: int = 12) -> list[list[float]]:
+    """[compute, low, high]: the law's 90% band from the rung to the full budget (what the forecasts start from)."""
+    c = np.geomspace(c_rung, c_full, points) if c_full > c_rung > 0 else np.array([c_full])
     lo, hi = fit.predict_interval(c)
     return [[float(x), float(a), float(b)] for x, a, b in zip(c, lo, hi)]
 
@@ -174,6 +175,11 @@ def decisions_of(tags: dict) -> list[Decision]:
             except (TypeError, ValueError):
                 continue
     return sorted(found, key=lambda d: d.rung)
+
+
+def stopped_at(tags: dict) -> Decision | None:
+    """The decision that stopped a run (None: it was not stopped by the adaptive sweep)."""
+    return next((d for d in decisions_of(tags) if d.stop and d.step < d.steps), None)
 
 
 def gpu_hours_saved(decision: Decision) -> float:

@@ -77,9 +77,12 @@ def _fmt(x: float, digits: int) -> str:
     return "∞" if math.isinf(x) else f"{x:.{digits}f}"
 
 
-def plot_variant(curves: Sequence[RunCurve], fit: SigmoidFit, path: Path, title: str, extrap=None) -> Path:
+def plot_variant(curves: Sequence[RunCurve], fit: SigmoidFit, path: Path, title: str, extrap=None,
+                 forecast: Sequence[Sequence[float]] | None = None) -> Path:
     """One variant: each seed's points (hollow where left out of the fit), R0 squares, the fit with its band,
-    A dashed, c_min dotted; with `extrap` (analysis.extrapolate.Extrapolation) the half-run fit and power law."""
+    A dashed, c_min dotted; with `extrap` (analysis.extrapolate.Extrapolation) the half-run fit and power law; with
+    `forecast` ([compute, low, high] rows: an adaptive sweep's decision) the 90% band of the law it forecast to the
+    full budget at the rung it stopped."""
     fig, ax = _figure(6.6, 4.4, margins=dict(left=0.11, right=0.97, bottom=0.11, top=0.88))
     _pass_rate_axes(ax)
     for k, curve in enumerate(curves):
@@ -98,6 +101,11 @@ def plot_variant(curves: Sequence[RunCurve], fit: SigmoidFit, path: Path, title:
         _draw_fit(ax, fit, _grid(curves), top, "C1", "fit (Eq. 1)", lw=2, band=True)
         ax.axhline(fit.A, ls="--", color="C1", lw=1, label=f"A = {fit.A:.3f}")
         ax.axvline(fit.c_min, ls=":", color="0.5", lw=1)
+    if forecast:
+        c, lo, hi = (np.array(col, dtype=float) for col in zip(*forecast))
+        ax.fill_between(c, lo, hi, color="C4", alpha=0.3, lw=0,
+                        label=f"forecast to its budget ({fmt_compute(float(c[-1]))} GPU-h) when it stopped")
+        ax.set_xlim(right=max(ax.get_xlim()[1], 1.05 * float(c[-1])))
     if extrap is not None and extrap.ok:
         grid = _grid(curves)
         ax.axvline(extrap.c_fit, ls="-.", color="0.6", lw=0.8)

@@ -21,6 +21,7 @@ import numpy as np
 
 from analysis.extrapolate import Extrapolation, extrapolation_check
 from analysis.fit import fit_sigmoid
+from analysis.adaptive import Decision, decisions_of
 from analysis.joint import CommonAFit, fit_common_A
 from analysis.law import FitError, SigmoidFit, prepare
 from analysis.plots import plot_linearized, plot_overview, plot_params, plot_variant
@@ -75,6 +76,7 @@ class ReportRow:
     truth: Truth | None = None  # mock runs: the law the pooled curves follow
     expected: Expected | None = None  # mock runs: what the truth says the verdict should be at its resolution
     own_notes: tuple[str, ...] = ()  # the fit's warnings and its runs' notes (the note without the ties)
+    decisions: tuple[Decision, ...] = ()  # an adaptive sweep's decisions at its rungs (of its first run)
 
     @property
     def note(self) -> str:
@@ -213,7 +215,9 @@ def make_report(
     base = next((row for row in rows if row.verdict.label == "base"), None)
     for row in rows:
         title = f"{row.label} ({_seeds(row)}, {row.run_status})"
-        plot_variant(row.curves, row.fit, row.plot, title, extrap=row.extrapolation)
+        stop = next((d for d in row.decisions if d.stop and d.step < d.steps), None)
+        plot_variant(row.curves, row.fit, row.plot, title, extrap=row.extrapolation,
+                     forecast=stop.band if stop is not None else None)
     overview = plot_overview([(row.label, row.curves, row.fit) for row in rows], out / "overview.png")
     params_plot = plot_params([(row.label, row.fit, row.ranked.b_fit) for row in rows],
                               base.label if base else None, out / "params.png", A_TIE)
@@ -297,6 +301,7 @@ def variant_rows(curves: list[RunCurve], out: Path = Path(".")) -> list[ReportRo
             incomplete=why,
             truth=truths[i],
             expected=expected(truths[i], truths[base_i], v.resolution, v.compute) if seen else None,
+            decisions=tuple(decisions_of(group[0].tags)),
         ))
     return rows
 

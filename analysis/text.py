@@ -13,6 +13,7 @@ import math
 import textwrap
 from pathlib import Path
 
+from analysis.adaptive import gpu_hours_saved
 from analysis.law import CI_LEVEL, fmt_compute
 from analysis.rank import (A_NOT_IDENTIFIED, A_TIE, BASELINE, BOTH, CATEGORIES, MOVES_A, MOVES_B, MOVES_C, NO_CHANGE,
                            NOT_TESTABLE)
@@ -237,6 +238,39 @@ def _wrap(text: str, bullet: str = "") -> list[str]:
                          break_long_words=True, break_on_hyphens=False) or [""]
 
 
+ADAPTIVE_HEADERS = ["variant", "rungs", "stopped", "why", "GPU-h spent", "GPU-h saved"]
+
+
+def adaptive_cells(report) -> list[list[str]]:
+    """Per variant of an adaptive sweep: its rungs' decisions, where it stopped and why, GPU-hours spent and saved."""
+    cells = []
+    for row in report.rows:
+        if not row.decisions:
+            continue
+        stop = next((d for d in row.decisions if d.stop), None)
+        spent = max((c.c_max for c in row.curves), default=0.0)
+        where = (f"rung {stop.rung}, step {stop.step} of {stop.steps}" if stop is not None and stop.step < stop.steps
+                 else "ran its budget")
+        why = row.decisions[-1].reason if stop is None else stop.reason
+        saved = gpu_hours_saved(stop) if stop is not None else 0.0
+        cells.append([row.label, " ".join("stop" if d.stop else "go" for d in row.decisions), where, why,
+                      fmt_compute(spent), fmt_compute(saved)])
+    return cells
+
+
+def adaptive_total(report) -> str:
+    """ "The adaptive sweep spent 123,456 GPU-hours, 78% of the 158,000 its runs would have at their budgets." """
+    rows = [row for row in report.rows if row.decisions]
+    spent = sum(max((c.c_max for c in row.curves), default=0.0) for row in rows)
+    saved = sum(gpu_hours_saved(d) for row in rows for d in row.decisions if d.stop)
+    if not rows or spent + saved <= 0:
+        return ""
+    return (f"The adaptive sweep spent {fmt_compute(spent)} GPU-hours, {spent / (spent + saved):.0%} of the "
+            f"{fmt_compute(spent + saved)} its runs would have spent at their full budgets (saved: the steps left "
+            "at the compute a step each run ran at). A stopped variant is judged where it stopped: its verdict's "
+            "resolution says what that cost.")
+
+
 def terminal_text(report) -> str:
     """The headline, the ranked table, then the verdicts with their resolution and the notes (every line at most
     WIDTH characters; a variant name too long for the table makes its row longer), then the truth of mock runs."""
@@ -246,6 +280,9 @@ def terminal_text(report) -> str:
     notes = note_lines(report)
     if notes:
         lines += ["", "Notes:"] + [w for line in notes for w in _wrap(line, "- ")]
+    adaptive = adaptive_cells(report)
+    if adaptive:
+        lines += ["", "Adaptive sweep:", md_table(ADAPTIVE_HEADERS, adaptive), *_wrap(adaptive_total(report))]
     if report.has_truth:
         lines += ["", "Known truth (generator=mock):", truth_table(report, TERMINAL_TRUTH)]
         lines += _wrap(TRUTH_NOTE)
@@ -337,6 +374,9 @@ def markdown_page(report) -> str:
              ranked_table(report), "", "## Verdicts", "", *(f"- {line}" for line in verdict_lines(report)), ""]
     if report.has_truth:
         parts += ["## Known truth (generator=mock)", "", truth_table(report), "", TRUTH_NOTE, ""]
+    if adaptive_cells(report):
+        parts += ["## What the adaptive sweep did", "", md_table(ADAPTIVE_HEADERS, adaptive_cells(report)), "",
+                  adaptive_total(report), ""]
     parts += ["## Fits", "", md_table(FULL_HEADERS, full_cells(report.rows)), ""]
     notes = note_lines(report)
     if notes:
@@ -405,6 +445,11 @@ def html_page(report) -> str:
         truth = (f"<h2>Known truth (generator=mock)</h2>"
                  f"{_html_table(TRUTH_HEADERS, cells, [''] * len(cells), range(1, 11))}"
                  f'<p class="small">{esc(TRUTH_NOTE)}</p>')
+    adaptive = adaptive_cells(report)
+    if adaptive:
+        truth += (f"<h2>What the adaptive sweep did</h2>"
+                  f"{_html_table(ADAPTIVE_HEADERS, adaptive, [''] * len(adaptive), range(4, 6))}"
+                  f'<p class="small">{esc(adaptive_total(report))}</p>')
     plots = "\n".join(_img(row.plot, row.label) for row in report.rows)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">

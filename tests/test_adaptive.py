@@ -42,11 +42,11 @@ def test_a_variant_far_from_the_base_settles_at_the_first_rung_and_says_why():
     assert d.compute == pytest.approx(20 * 200.0)
     assert gpu_hours_saved(d) == pytest.approx(60 * 200.0)  # 60 steps left at 200 GPU-hours a step
     assert "in 2" in d.reason and "forecasts to the full budget" in d.reason
-    # the band: the variant's law to its full budget, 90% of the posterior's values, near the truth at 16k (this
-    # run's wobble aside) and wider there, 4x past the data, than at the rung
+    # the band: the variant's law from the rung to its full budget, 90% of the posterior's values, near the truth at
+    # 16k (this run's wobble aside) and wider there, 4x past the data, than at the rung
     c, lo, hi = d.band[-1]
-    at_rung = next(row for row in d.band if row[0] >= 4000.0)
-    assert c == pytest.approx(16000.0) and lo - 0.01 < FAR(16000.0) < hi + 0.01
+    at_rung = d.band[0]
+    assert c == pytest.approx(16000.0) and lo - 0.01 < FAR(16000.0) < hi + 0.01 and at_rung[0] == 4000.0
     assert hi - lo > at_rung[2] - at_rung[1] > 0
 
 
@@ -160,3 +160,52 @@ def test_the_base_goes_on_while_a_variant_is_open_and_stops_once_all_settled(sto
     d = base.look(40)
     assert d.stop and d.rung == 2 and "every variant has settled" in d.reason
     assert json.loads(client.get_run(runs["scalerl"]).data.tags["ablate.rung.2"])["decision"] == "stop"
+
+
+# --- the adaptive sweep, as a user runs it ---------------------------------------------------------------------
+
+# the recipe and one variant (precision: bf16 for fp32, A 0.09 lower in the mock), with the mock's curves rising
+# inside the budget's first quarter (C_mid 1,500 of ~20k GPU-hours) and less noise: the variant settles at rung 1
+# or 2 (rungs at steps 10, 20, 40), the recipe runs to the end
+ADAPTIVE = ["-m", "ablate", "sweep=loo", "generator=mock", "launcher=local", "sweep.adaptive=true", "axes=one",
+            "train.steps=40", "generator.truth.C_mid=1500", "generator.val_prompts=4000", "generator.wobble_sd=0.002",
+            "model.num_layers=1", "model.hidden_size=32"]
+
+
+def test_an_adaptive_sweep_stops_a_settled_variant_reports_it_and_is_not_redone(tmp_path):
+    from conftest import run_cli
+
+    (tmp_path / "conf" / "axes").mkdir(parents=True)
+    (tmp_path / "conf" / "axes" / "one.yaml").write_text(
+        "# @package _global_\naxes:\n  - {path: precision, base: bf16, variant: loo-fp32}\n")
+    command = ["-m", "ablate", "--config-dir", str(tmp_path / "conf"), *ADAPTIVE[2:]]
+    out = run_cli(*command, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    client = tracking.client(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = {r.data.tags["ablate.variant"]: r for r in client.search_runs(
+        [client.get_experiment_by_name("tiny-dryrun").experiment_id]) if r.data.tags.get("ablate.role") == "variant"}
+    variant, base = runs["loo-fp32"], runs["scalerl"]
+    settled = int(variant.data.tags[SETTLED_TAG])
+    assert variant.info.status == "FINISHED" and settled in (10, 20)
+    (last,) = [d for d in decisions_of(variant.data.tags) if d.stop]
+    assert last.step == settled and last.verdict == "moves A" and variant.data.tags[END_REASON_TAG] == last.summary()
+    steps = sorted(m.step for m in client.get_metric_history(variant.info.run_id, "compute/gpu_hours"))
+    assert steps == list(range(settled + 1))  # every step to the rung, once, and none after it
+    runs_dir = tmp_path / "outputs" / "tiny" / "runs"
+    assert (runs_dir / variant.info.run_id / "checkpoint.pt").exists()  # kept: it may be extended
+    assert base.info.status == "FINISHED" and SETTLED_TAG not in base.data.tags
+    assert [d.decision for d in decisions_of(base.data.tags)] == ["go on", "go on"]  # its variant was open
+    assert not (runs_dir / base.info.run_id / "checkpoint.pt").exists()
+    # the report judges the settled variant where it stopped (not "truncated, no verdict")
+    assert "loo-fp32" in out.stdout and "| moves A" in out.stdout and "no verdict" not in out.stdout
+    # and says what the sweep did: where each run stopped, why, and the GPU-hours spent and saved
+    table = out.stdout[out.stdout.index("Adaptive sweep:"):]
+    fp32 = next(line for line in table.splitlines() if line.startswith("| loo-fp32"))
+    spent = variant.data.metrics["compute/gpu_hours"]
+    assert f"rung {last.rung}, step {settled} of 40" in fp32 and f"{spent:,.0f}" in fp32
+    assert f"{(40 - settled) * spent / settled:,.0f}" in fp32  # saved: the steps left at its compute a step
+    assert "ran its budget" in next(line for line in table.splitlines() if line.startswith("| scalerl"))
+
+    again = run_cli(*command, cwd=tmp_path)
+    assert again.returncode == 0 and "0 to run, 2 already FINISHED" in again.stdout
+    assert client.get_run(variant.info.run_id).data.tags == variant.data.tags  # nothing decided again
