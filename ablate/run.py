@@ -24,6 +24,7 @@ from ablate.checks import check_compute, check_memory, check_model, check_run, g
 from ablate.config import compose, merge_overrides, override_key, signature
 from ablate.progress import SweepDisplay, StepBar
 from ablate.sweeps import Variant
+from analysis.runs import END_REASON_TAG, EXTENDED_TAG, SETTLED_TAG
 from launch.status import ALIVE, job_states
 from launch.submit import JobSpec, Submission, check_request, resolve_cluster, submit
 
@@ -159,7 +160,9 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     kinds, run_ids = {}, {}
     for p in planned:
         runs = [] if cfg.sweep.force else tracking.find_runs(client, exp_id, signature=p.signature, role="variant")
-        kind, run_id = _decide(runs, previous, _has_checkpoint(cfg))
+        kind, run_id = _decide(runs, previous, _has_checkpoint(cfg), extend=cfg.sweep.extend)
+        if kind == "extend":  # stopped by an adaptive sweep: on from its checkpoint, into the same run
+            _reopen_settled(client, run_id)
         if kind == "new":
             run_id = tracking.create_variant_run(client, exp_id, p.variant.name, variant_tags(p, sid), parent)
         elif kind == "resume":  # failed, killed, or its job is gone: again, from its checkpoint
@@ -173,7 +176,7 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
             meta["job_id"] = previous[run_id][0]  # the manifest keeps pointing at the job that runs it
         config = job_config(p.cfg)  # composed without the command line's sweep.* (they are not the variant's)
         config["sweep"] = {**sweep_settings, "runs": run_ids}  # so the adaptive sweep's jobs find each other's runs
-        args = (config, run_id, uri) if kind in ("new", "resume") else ()
+        args = (config, run_id, uri) if kind in ("new", "resume", "extend") else ()
         specs.append(JobSpec(p.variant.name, p.signature, args, meta))
     skip_reasons = {"finished": "FINISHED", "alive": "still running (left alone)"}
 
@@ -244,20 +247,33 @@ def interrupt(submission: Submission, client, parent: str, wait_s: float = 15.0)
     return alive
 
 
-def _decide(runs: list, previous: dict[str, tuple[str, str]],
-            has_checkpoint: Callable[[str], bool]) -> tuple[str, Optional[str]]:
+def _decide(runs: list, previous: dict[str, tuple[str, str]], has_checkpoint: Callable[[str], bool],
+            extend: bool = False) -> tuple[str, Optional[str]]:
     """What to do with a variant, given its runs (newest first) and the sweep's earlier jobs (run id -> job id,
     state): ("finished", run) skip it; ("alive", run) leave its live job alone; ("resume", run) run it again into
-    the same run, from its checkpoint; ("new", None) a fresh run (an unfinished run without a checkpoint is not
-    continued: its steps would be logged twice)."""
+    the same run, from its checkpoint; ("extend", run) the same for a run an adaptive sweep stopped (with `extend`);
+    ("new", None) a fresh run (an unfinished run without a checkpoint is not continued: its steps would be logged
+    twice)."""
     done = next((r for r in runs if r.info.status == "FINISHED"), None)
     if done is not None:
+        if extend and SETTLED_TAG in done.data.tags and has_checkpoint(done.info.run_id):
+            return "extend", done.info.run_id
         return "finished", done.info.run_id
     unfinished = [r.info.run_id for r in runs if r.info.status != "FINISHED"]
     if unfinished and previous.get(unfinished[0], ("", ""))[1] in ALIVE:
         return "alive", unfinished[0]
     resumable = next((run_id for run_id in unfinished if has_checkpoint(run_id)), None)
     return ("resume", resumable) if resumable else ("new", None)
+
+
+def _reopen_settled(client, run_id: str) -> None:
+    """A settled run made ready to go on: no longer settled (the report then waits for its full budget), where it was
+    taken from kept as `ablate.extended_from`, SCHEDULED."""
+    tags = client.get_run(run_id).data.tags
+    client.set_tag(run_id, EXTENDED_TAG, tags[SETTLED_TAG])
+    for key in (SETTLED_TAG, END_REASON_TAG):
+        client.delete_tag(run_id, key)
+    client.update_run(run_id, status="SCHEDULED")
 
 
 def _has_checkpoint(cfg: DictConfig) -> Callable[[str], bool]:

@@ -31,7 +31,8 @@ class Rungs:
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
         sweep = cfg.sweep
         self.runs = dict(sweep.get("runs") or {})  # variant name -> run id, handed in by the sweep
-        self.active = bool(sweep.get("adaptive")) and bool(self.runs)
+        # sweep.extend: runs go to their full budget (a settled one from its checkpoint): no stops
+        self.active = bool(sweep.get("adaptive")) and bool(self.runs) and not sweep.get("extend")
         self.steps = int(cfg.train.steps)
         self.rungs = rung_steps(self.steps, list(sweep.rungs)) if self.active else []
         self.run_id, self.tracker, self.seed = run_id, tracker, int(cfg.seed)

@@ -339,6 +339,7 @@ class Sweep:
     confidence: float = 0.95  # the share of forecasts whose verdict must be the verdict now
     forecasts: int = 20  # continuations to the full budget drawn per decision
     base_wait_min: float = 120.0  # how long a variant waits at a rung for the base recipe to reach its compute
+    extend: bool = False  # continue runs an adaptive sweep stopped, from their checkpoints, to their full budget
     runs: dict[str, str] = field(default_factory=dict)  # set by the sweep for its jobs: variant -> MLflow run id
 
 

@@ -17,7 +17,7 @@ from analysis.adaptive import gpu_hours_saved
 from analysis.law import CI_LEVEL, fmt_compute
 from analysis.rank import (A_NOT_IDENTIFIED, A_TIE, BASELINE, BOTH, CATEGORIES, MOVES_A, MOVES_B, MOVES_C, NO_CHANGE,
                            NOT_TESTABLE)
-from analysis.runs import ALL_SWEEPS
+from analysis.runs import ALL_SWEEPS, EXTENDED_TAG, SETTLED_TAG
 
 WIDTH = 120  # the terminal text's widest line
 
@@ -247,10 +247,11 @@ def adaptive_cells(report) -> list[list[str]]:
     for row in report.rows:
         if not row.decisions:
             continue
-        stop = next((d for d in row.decisions if d.stop), None)
+        tags = row.curves[0].tags
+        stop = next((d for d in row.decisions if d.stop), None) if SETTLED_TAG in tags else None
         spent = max((c.c_max for c in row.curves), default=0.0)
-        where = (f"rung {stop.rung}, step {stop.step} of {stop.steps}" if stop is not None and stop.step < stop.steps
-                 else "ran its budget")
+        where = (f"rung {stop.rung}, step {stop.step} of {stop.steps}" if stop is not None else
+                 f"extended from step {tags[EXTENDED_TAG]}" if EXTENDED_TAG in tags else "ran its budget")
         why = row.decisions[-1].reason if stop is None else stop.reason
         saved = gpu_hours_saved(stop) if stop is not None else 0.0
         cells.append([row.label, " ".join("stop" if d.stop else "go" for d in row.decisions), where, why,
@@ -262,7 +263,8 @@ def adaptive_total(report) -> str:
     """ "The adaptive sweep spent 123,456 GPU-hours, 78% of the 158,000 its runs would have at their budgets." """
     rows = [row for row in report.rows if row.decisions]
     spent = sum(max((c.c_max for c in row.curves), default=0.0) for row in rows)
-    saved = sum(gpu_hours_saved(d) for row in rows for d in row.decisions if d.stop)
+    saved = sum(gpu_hours_saved(d) for row in rows if SETTLED_TAG in row.curves[0].tags for d in row.decisions
+                if d.stop)
     if not rows or spent + saved <= 0:
         return ""
     return (f"The adaptive sweep spent {fmt_compute(spent)} GPU-hours, {spent / (spent + saved):.0%} of the "

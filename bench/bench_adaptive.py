@@ -11,6 +11,8 @@ it: docs/fitting.md#the-adaptive-sweep.
     python bench/bench_adaptive.py --seeds 20               # the calibration table (~10 min on 2 cores)
     python bench/bench_adaptive.py --seeds 20 --folder DIR  # keep the sweeps in DIR; a second call reuses them
     python bench/bench_adaptive.py --confidence 0.9         # another rule, on the same sweeps
+    python bench/bench_adaptive.py --settle-json bench/adaptive_settle.json  # where each variant settled, for
+                                                            # bench_cluster.py's prediction at paper scale
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from analysis.adaptive import CONFIDENCE  # noqa: E402
 
 EXPERIMENT = "adaptive-bench"
 FIXED_CUTS = (0.25, 0.5)
@@ -132,6 +138,7 @@ def main() -> None:
     parser.add_argument("--confidence", type=float, default=None)
     parser.add_argument("--forecasts", type=int, default=None)
     parser.add_argument("--rungs", default="0.25,0.5,1", help="fractions of the budget, comma-separated")
+    parser.add_argument("--settle-json", type=Path, help="write, per variant, how many sweeps it settled at each rung")
     parser.add_argument("extra", nargs="*", help="overrides for every sweep, e.g. train.steps=100")
     args = parser.parse_args()
     from analysis import adaptive
@@ -196,6 +203,25 @@ def main() -> None:
     print(f"\nadaptive verdict = full verdict: {agree} of {n}")
     print("variants settled at rung: " + ", ".join(f"{k}: {v}" for k, v in sorted(rung_counts.items())))
     print(f"wall time: {swept:.0f} s sweeping, {replayed:.0f} s replaying")
+    if args.settle_json:
+        write_settled(args.settle_json, results, fractions, args)
+
+
+def write_settled(path: Path, results: dict, fractions: list[float], args) -> None:
+    """{"rungs": [...], "sweeps": n, "variants": {name: [sweeps that stopped it at each rung]}} (the last rung: ran
+    its budget); the base recipe under its own name, at the rung it ran to."""
+    import json
+
+    counts: dict[str, list[int]] = {}
+    for r in results.values():
+        for variant in r["full"]:
+            k = r["rungs"].get(variant, len(fractions))
+            counts.setdefault(variant, [0] * len(fractions))[k - 1] += 1
+        counts.setdefault("scalerl", [0] * len(fractions))[r["base_rung"] - 1] += 1
+    path.write_text(json.dumps({"rungs": fractions, "sweeps": len(results), "confidence": args.confidence or CONFIDENCE,
+                                "command": "python bench/bench_adaptive.py " + " ".join(sys.argv[1:]),
+                                "variants": counts}, indent=1) + "\n")
+    print(f"where each variant settled: {path}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,10 @@ its defaults are anchors measured on an H100 with plain transformers and raw vLL
 
     python bench/bench_cluster.py                       # paper_8b, H100 defaults
     python bench/bench_cluster.py --gen-tokens-per-s 400 --completion 9000 --kept 0.4
+    python bench/bench_cluster.py --adaptive my_settle.json   # the adaptive sweep priced from another measurement
+
+The adaptive sweep's column: each variant's expected share of its budget, from the rung at which it settled in the
+mock's paper-shaped sweeps (bench/adaptive_settle.json, written by `bench_adaptive.py --settle-json`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from ablate.memory import (GB, Process, Shape, kv_bytes_per_token, layer_activat
                            micro_batch_tokens, trainer, vllm_engine, vllm_room)
 from ablate.offpolicy import PipelineRL, PPOOffPolicy  # noqa: E402
 
+SETTLED = Path(__file__).resolve().parent / "adaptive_settle.json"
 PAPER_GPU_HOURS = 16_000.0  # per LOO variant (docs/design.md#what-the-paper-says)
 # measured on a lent H100, 2026-11-22/23 (docs/design.md#the-cost-model): the dense bf16 matmul peak (8192^3); raw
 # vLLM's tokens/s and FSDP2's MFU in plain transformers, on a 0.89B random Llama
@@ -91,6 +96,7 @@ def main() -> None:
     p.add_argument("--utilization", type=float, default=0.5, help="vLLM's share of a GPU (gpu_memory_utilization)")
     p.add_argument("--direct", action="store_true", help="generator.weight_transfer=direct: no staged copy")
     p.add_argument("--waves", type=int, default=4, help="batches decoding at once (generator.max_waves)")
+    p.add_argument("--adaptive", type=Path, default=SETTLED, help="where each variant settled (bench_adaptive.py)")
     a = p.parse_args()
 
     gen_tps = a.gen_tokens_per_s or ANCHOR["gen_tokens_per_s"] * ANCHOR["params"] / a.params
@@ -113,21 +119,40 @@ def main() -> None:
     print(f"one step on the whole layout: generation {gen_s / a.generators:,.1f} s, training "
           f"{train_s * a.kept / a.trainers:,.1f} s ({train_s / a.trainers:,.1f} s for every row)\n")
 
+    share = settled_shares(a.adaptive)
     print(f"{'variant':<10} {'step s':>8} {'gen idle':>9} {'trainer idle':>13} {'wall h':>8} {'GPU-hours':>10} "
-          f"{'x scalerl':>10} {'x paper':>8}")
-    total, base = 0.0, None
+          f"{'x scalerl':>10} {'x paper':>8} {'adaptive':>9}")
+    total, adaptive, base = 0.0, 0.0, None
     for v in variants(a.kept, a.k):
         r = simulate(v, a.steps, gen_s, train_s, layout)
         base = base or r["gpu_hours"]
         total += r["gpu_hours"]
+        adaptive += r["gpu_hours"] * share.get(v.name, 1.0)
         print(f"{v.name:<10} {r['step_s']:>8.1f} {r['gen_idle']:>9.1%} {r['train_idle']:>13.1%} {r['wall_h']:>8.1f} "
-              f"{r['gpu_hours']:>10,.0f} {r['gpu_hours'] / base:>10.2f} {r['gpu_hours'] / PAPER_GPU_HOURS:>8.2f}")
+              f"{r['gpu_hours']:>10,.0f} {r['gpu_hours'] / base:>10.2f} {r['gpu_hours'] / PAPER_GPU_HOURS:>8.2f} "
+              f"{r['gpu_hours'] * share.get(v.name, 1.0):>9,.0f}")
     print(f"\nthe sweep (9 variants): {total:,.0f} GPU-hours (paper: {9 * PAPER_GPU_HOURS:,.0f} at 16,000 each); "
           f"{9 * gpus} GPUs to run the variants side by side")
+    if share:
+        print(f"the adaptive sweep (sweep.adaptive=true), expected: {adaptive:,.0f} GPU-hours, {adaptive / total:.0%} "
+              f"of the full sweep's (each variant's budget times its expected share, from {a.adaptive.name})")
     implied = generated * a.steps / (PAPER_GPU_HOURS * 3600 / gpus) / a.generators
     print(f"the paper's 16,000 GPU-hours over {a.steps} steps imply {implied:,.0f} generated tokens/s per generator "
           f"GPU at these lengths (if generation sets the pace)")
     print_memory(a, Shape())
+
+
+def settled_shares(path: Path) -> dict[str, float]:
+    """Per variant, the expected share of its budget an adaptive sweep spends on it: the rungs' fractions weighted
+    by how many of the mock's sweeps stopped it there. {} when there is no such file."""
+    import json
+
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    fractions = data["rungs"]
+    return {name: sum(n * f for n, f in zip(counts, fractions)) / max(sum(counts), 1)
+            for name, counts in data["variants"].items()}
 
 
 def print_memory(a, shape: Shape) -> None:

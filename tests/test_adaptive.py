@@ -209,3 +209,14 @@ def test_an_adaptive_sweep_stops_a_settled_variant_reports_it_and_is_not_redone(
     again = run_cli(*command, cwd=tmp_path)
     assert again.returncode == 0 and "0 to run, 2 already FINISHED" in again.stdout
     assert client.get_run(variant.info.run_id).data.tags == variant.data.tags  # nothing decided again
+
+    # extended: the settled variant goes on from its checkpoint to its budget, in the same run
+    more = run_cli(*command, "sweep.extend=true", cwd=tmp_path)
+    assert more.returncode == 0 and "1 to run, 1 already FINISHED" in more.stdout, more.stdout[-2000:]
+    run = client.get_run(variant.info.run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["ablate.extended_from"] == str(settled)
+    assert SETTLED_TAG not in run.data.tags and int(run.data.tags["ablate.resumed_from"]) == settled
+    steps = sorted(m.step for m in client.get_metric_history(variant.info.run_id, "compute/gpu_hours"))
+    assert steps == list(range(41))  # every step once: the first ones from the adaptive sweep, the rest now
+    assert not (runs_dir / variant.info.run_id / "checkpoint.pt").exists()  # at its budget: done with
+    assert f"extended from step {settled}" in more.stdout and "| moves A" in more.stdout

@@ -96,6 +96,104 @@ def test_a_loo_sweep_is_one_job_array_that_completes_into_mlflow(layout, slurm, 
     assert len([j for j in jobs if j.split("_")[0] == manifest["jobs"][0]["job_id"].split("_")[0]]) == 9
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _mlflow_server(folder, port: int) -> subprocess.Popen:
+    """`mlflow server` as docs/cluster.md has cluster users run it (less the auth app), on a sqlite store in
+    `folder`; returns once it answers /health."""
+    import sys
+    import urllib.request
+
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+                             f"sqlite:///{folder}/server.db", "--artifacts-destination", str(folder / "artifacts"),
+                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                            stdout=subprocess.DEVNULL, stderr=open(folder / "server.log", "a"),
+                            start_new_session=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+                if answer.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise AssertionError(f"mlflow server did not start:\n{(folder / 'server.log').read_text()[-3000:]}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    import signal
+
+    os.killpg(proc.pid, signal.SIGTERM)  # the server and its workers
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_an_adaptive_sweep_decides_in_its_jobs_through_a_server_restart(slurm, tmp_path):
+    """The submitter returns at once; the jobs decide at their rungs by reading each other's runs from a real
+    `mlflow server`, which is restarted while they run: every decision is taken once, every point logged once."""
+    from analysis.adaptive import decisions_of
+    from analysis.runs import SETTLED_TAG
+    from test_adaptive import ADAPTIVE
+
+    (tmp_path / "conf" / "axes").mkdir(parents=True)
+    (tmp_path / "conf" / "axes" / "one.yaml").write_text(
+        "# @package _global_\naxes:\n  - {path: precision, base: bf16, variant: loo-fp32}\n")
+    port = _free_port()
+    server = _mlflow_server(tmp_path, port)
+    uri = f"http://127.0.0.1:{port}"
+    command = ["-m", "ablate", "--config-dir", str(tmp_path / "conf"), *ADAPTIVE[2:], *SLURM,
+               f"tracking.uri={uri}", "tracking.flush_every=20"]
+    try:
+        started = time.monotonic()
+        out = run_cli(*command, cwd=tmp_path, env=slurm.env)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        assert time.monotonic() - started < 60 and "2 to run" in out.stdout  # submitted, and gone
+        client = tracking.client(uri)
+        exp = client.get_experiment_by_name("tiny-dryrun").experiment_id
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:  # both jobs are logging: restart the server under them
+            runs = [r for r in client.search_runs([exp]) if r.data.tags.get("ablate.role") == "variant"]
+            if len(runs) == 2 and all(r.data.metrics.get("compute/gpu_hours", 0) > 0 for r in runs):
+                break
+            time.sleep(1)
+        base_run = next(r for r in runs if r.data.tags["ablate.variant"] == "scalerl")
+        assert base_run.info.status == "RUNNING"  # the restart is mid-sweep: the base has steps to go
+        _stop(server)
+        time.sleep(3)
+        server = _mlflow_server(tmp_path, port)
+        status = _wait_until_done(tmp_path)
+        assert status.returncode == 0, status.stdout + status.stderr
+
+        runs = {r.data.tags["ablate.variant"]: r for r in client.search_runs([exp])
+                if r.data.tags.get("ablate.role") == "variant"}
+        variant, base = runs["loo-fp32"], runs["scalerl"]
+        assert variant.info.status == base.info.status == "FINISHED"
+        settled = int(variant.data.tags[SETTLED_TAG])
+        assert settled in (10, 20) and [d.step for d in decisions_of(variant.data.tags)] == [10, 20][:settled // 10]
+        assert [d.decision for d in decisions_of(base.data.tags)] == ["go on", "go on"]
+        # every decision taken once: each job printed each of its rungs' decisions once
+        logs = "".join(p.read_text() for p in (tmp_path / "outputs").rglob("*_log.err"))
+        for d in decisions_of(variant.data.tags):
+            assert logs.count(f"loo-fp32 {d.summary()}") == 1
+        for name, last in (("loo-fp32", settled), ("scalerl", 40)):
+            steps = [m.step for m in client.get_metric_history(runs[name].info.run_id, "compute/gpu_hours")]
+            assert sorted(steps) == list(range(last + 1))  # every point there, once
+
+        again = run_cli(*command, cwd=tmp_path, env=slurm.env)
+        assert again.returncode == 0 and "0 to run, 2 already FINISHED" in again.stdout
+    finally:
+        _stop(server)
+
+
 @pytest.mark.slow
 def test_a_job_of_trainer_ranks_and_an_engine_process_finishes(slurm, tmp_path):
     """run=fsdp run.generator_gpus=1 on SLURM (generator=hf: the mock has no engine): the job's one task starts 2

@@ -151,11 +151,17 @@ def test_what_a_re_sweep_does_with_each_variant():
 
     from ablate.run import _decide
 
-    def run(run_id, status):
-        return SimpleNamespace(info=SimpleNamespace(run_id=run_id, status=status))
+    def run(run_id, status, tags=None):
+        return SimpleNamespace(info=SimpleNamespace(run_id=run_id, status=status), data=SimpleNamespace(tags=tags or {}))
 
     saved = {"b", "c"}.__contains__  # runs b and c left a checkpoint
     assert _decide([run("a", "FAILED"), run("z", "FINISHED")], {}, saved) == ("finished", "z")
+    # stopped by an adaptive sweep: continued with sweep.extend=true, if it kept its checkpoint
+    settled = {"ablate.settled_at": "12"}
+    assert _decide([run("b", "FINISHED", settled)], {}, saved, extend=True) == ("extend", "b")
+    assert _decide([run("b", "FINISHED", settled)], {}, saved) == ("finished", "b")
+    assert _decide([run("z", "FINISHED", settled)], {}, saved, extend=True) == ("finished", "z")
+    assert _decide([run("b", "FINISHED")], {}, saved, extend=True) == ("finished", "b")  # ran its budget
     assert _decide([run("b", "RUNNING")], {"b": ("12_0", "RUNNING")}, saved) == ("alive", "b")
     assert _decide([run("b", "RUNNING")], {"b": ("12_0", "CANCELLED")}, saved) == ("resume", "b")
     # the newest unfinished run has no checkpoint: an older one that has is resumed

@@ -1,0 +1,87 @@
+"""The HTML report in a real browser (headless Chromium, Debian's package, which .ci/run installs): it renders with
+no broken image and no script error, and its screenshot is kept as a test artifact (test-artifacts/, or
+$ABLATE_TEST_ARTIFACTS)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from analysis import make_report
+from analysis.adaptive import Curve, decide
+from analysis.runs import END_REASON_TAG, SETTLED_TAG, load_runs
+from test_analysis_report import Variant, _log_variant
+
+REPO = Path(__file__).resolve().parents[1]
+BROWSER = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+pytestmark = pytest.mark.skipif(BROWSER is None, reason="no Chromium here (.ci/run installs Debian's chromium)")
+
+# Injected into a copy of the page, never into the report: every image must have loaded, and the count is logged
+CHECK = """<script>window.addEventListener("load", () => {
+  for (const img of document.images) {
+    if (!(img.complete && img.naturalWidth > 0)) console.error("broken image: " + img.alt);
+  }
+  console.log("checked " + document.images.length + " images");
+});</script>"""
+
+
+def _render(page: Path, screenshot: Path) -> list[str]:
+    """The page in headless Chromium with CHECK appended: the console's messages; a screenshot of it."""
+    checked = page.with_name("checked-" + page.name)
+    checked.write_text(page.read_text() + CHECK)
+    out = subprocess.run([BROWSER, "--headless=new", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
+                          "--v=0", "--virtual-time-budget=10000", "--window-size=1280,2400",
+                          f"--screenshot={screenshot}", checked.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    return re.findall(r'CONSOLE[^\]]*\] "(.*?)", source', out.stderr)
+
+
+@pytest.fixture(scope="module")
+def adaptive_report(tmp_path_factory):
+    """A sweep's report where an adaptive sweep stopped one variant at rung 1 (its decision made by the rule, on
+    these curves), one ran its budget beside the base recipe."""
+    root = tmp_path_factory.mktemp("browser")
+    uri = f"sqlite:///{root}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("adaptive", artifact_location=(root / "artifacts").as_uri())
+    parent = client.create_run(exp, run_name="loo-3fa2c1", tags={"ablate.role": "sweep",
+                                                                 "ablate.sweep": "loo-3fa2c1"}).info.run_id
+    steps = (("train.steps", "1600"),)
+    _log_variant(client, exp, parent, Variant("scalerl", 0.61, 1.9, 2542.0, params=steps), 0)
+    _log_variant(client, exp, parent, Variant("loo-savg", 0.58, 1.9, 2542.0, params=steps), 1)
+    stopped = _log_variant(client, exp, parent, Variant("loo-dapo", 0.45, 4.0, 2542.0, last_step=400, params=steps), 2)
+    curves = {c.variant: c for c in load_runs("adaptive", uri)}
+    base, far = (Curve(c.step, c.compute, c.pass_rate) for c in (curves["scalerl"], curves["loo-dapo"]))
+    decision = decide(far, base, rung=1, step=400, steps=1600)
+    assert decision.stop
+    for key, value in {"ablate.rung.1": decision.to_json(), SETTLED_TAG: "400",
+                       END_REASON_TAG: decision.summary()}.items():
+        client.set_tag(stopped, key, value)
+    client.set_terminated(parent, "FINISHED")
+    return make_report("adaptive", tracking_uri=uri, out_dir=root / "report", sweep="loo-3fa2c1")
+
+
+def test_the_html_report_renders_in_a_browser_with_every_image_and_no_script_error(adaptive_report, tmp_path):
+    page = adaptive_report.html
+    assert "What the adaptive sweep did" in page.read_text() and "rung 1, step 400 of 1600" in page.read_text()
+    artifacts = Path(os.environ.get("ABLATE_TEST_ARTIFACTS", REPO / "test-artifacts"))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    shot = artifacts / "report.png"
+    messages = _render(page, shot)
+    images = 3 + len(adaptive_report.rows)  # overview, A and B, linearized, one per variant
+    assert messages == [f"checked {images} images"], messages
+    assert shot.stat().st_size > 50_000  # a page with figures, not a blank one
+    # the check itself can fail: a corrupt figure is named, and so is a script error
+    broken = tmp_path / "report.html"
+    text = page.read_text()
+    at = text.index("base64,") + len("base64,")
+    broken.write_text(text[:at] + "AAAA" + text[at + 4:] + "<script>undefined_function();</script>")
+    messages = _render(broken, tmp_path / "broken.png")
+    assert any(m.startswith("broken image: ") for m in messages), messages
+    assert any("undefined_function is not defined" in m for m in messages), messages
