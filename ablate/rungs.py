@@ -17,6 +17,7 @@ from typing import Callable
 from omegaconf import DictConfig
 
 from analysis.adaptive import GO, RUNG_TAG, STOP, Curve, Decision, decide, decisions_of, rung_steps
+from analysis.law import fmt_compute
 from analysis.rank import BASELINE
 from analysis.runs import END_REASON_TAG, SETTLED_TAG, load_curve
 
@@ -74,13 +75,14 @@ class Rungs:
                 break
             if base is None or self.clock() >= deadline:
                 why = ("the sweep has no base recipe" if base is None else
-                       f"the base recipe had not reached {c_rung:,.0f} GPU-h after {self.wait_s / 60:.0f} min")
+                       f"the base recipe had not reached {fmt_compute(c_rung)} GPU-h after {self.wait_s / 60:.0f} min")
                 return Decision(rung=rung, step=step, steps=self.steps, compute=c_rung, decision=GO, verdict="",
                                 reason=f"undecided: {why}")
             self.sleep(self.poll_s)
         if base.c_max < c_rung:  # the base ended (settled, failed) short of this compute: nothing to compare at it
             return Decision(rung=rung, step=step, steps=self.steps, compute=c_rung, decision=GO, verdict="",
-                            reason=f"undecided: the base recipe ended ({base.status}) at {base.c_max:,.0f} GPU-h")
+                            reason=f"undecided: the base recipe ended ({base.status}) at {fmt_compute(base.c_max)} GPU-h, "
+                                   "short of this compute")
         return decide(Curve(mine.step, mine.compute, mine.pass_rate), Curve(base.step, base.compute, base.pass_rate),
                       rung=rung, step=step, steps=self.steps, confidence=self.confidence, forecasts=self.forecasts,
                       seed=self.seed * 1000 + rung)

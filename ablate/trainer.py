@@ -413,6 +413,7 @@ class _Run:
         logged twice, and the device-hours it spent after it still count); else log the run's params."""
         state, tracker = self.state, self.tracker
         if self.checkpoint.load(state, self.learner, self.sampler, self.generator):
+            state.settled, state.stopped = False, ""  # how the run ended before (a settled one is being extended)
             last = tracker.resume()
             state.gpu_hours = max(state.gpu_hours, last.get("compute/gpu_hours", 0.0))
             self.generator.reset_weights(self.learner.weights(), state.step)

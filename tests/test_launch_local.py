@@ -84,7 +84,8 @@ def test_running_the_same_sweep_again_submits_nothing(swept):
     assert len(runs) == 10  # still one parent and nine children
 
 
-def test_a_changed_override_runs_only_what_is_new(swept):
+@pytest.mark.slow  # what a re-sweep does with each run: test_sweeps.py; re-sweeps that submit nothing: here and
+def test_a_changed_override_runs_only_what_is_new(swept):  # test_adaptive.py
     folder, _ = swept
     out = run_cli("-m", "ablate", "sweep=loo", "generator=mock", "launcher=local", "sweep.report=false", *SHORT,
                   "loss.eps_max=5",

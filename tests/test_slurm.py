@@ -66,6 +66,7 @@ def _manifest(cwd) -> dict:
 FSDP_SWEEP = pytest.param(["run=fsdp", "launcher.gpus_per_node=2"], marks=pytest.mark.slow)  # 2 ranks x 9 jobs
 
 
+@pytest.mark.slow  # the default suite submits an adaptive sweep as one array (the last test of this file)
 @pytest.mark.parametrize("layout", [[], FSDP_SWEEP], ids=["one_process", "fsdp"])
 def test_a_loo_sweep_is_one_job_array_that_completes_into_mlflow(layout, slurm, tmp_path):
     """fsdp (-m slow; the 2-rank runs themselves are in the default suite, tests/test_parallel.py and test_resume.py):
@@ -172,6 +173,9 @@ def test_an_adaptive_sweep_decides_in_its_jobs_through_a_server_restart(slurm, t
         server = _mlflow_server(tmp_path, port)
         status = _wait_until_done(tmp_path)
         assert status.returncode == 0, status.stdout + status.stderr
+        (array,) = {row["job_id"].split("_")[0] for row in _manifest(tmp_path)["jobs"]}  # one job array
+        states = slurm.run("sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", array).stdout.split()
+        assert len(states) == 2 and all(line.endswith("|COMPLETED") for line in states)  # a stop is a success
 
         runs = {r.data.tags["ablate.variant"]: r for r in client.search_runs([exp])
                 if r.data.tags.get("ablate.role") == "variant"}
@@ -424,6 +428,7 @@ def test_a_cancelled_sweep_resumes_when_run_again(slurm, tmp_path):
 FSDP_JOB = pytest.param(["run=fsdp", "launcher.gpus_per_node=2"], marks=pytest.mark.slow)  # 2 ranks: minutes
 
 
+@pytest.mark.slow  # the default suite: the warning's checkpoint without SLURM (test_resume.py, test_parallel.py)
 @pytest.mark.parametrize("layout", [[], FSDP_JOB], ids=["one_process", "fsdp"])
 def test_a_warned_job_checkpoints_at_the_warning_requeues_itself_and_finishes(layout, slurm, tmp_path):
     # The warning SLURM sends before a time limit or a preemption (USR2, `--signal=USR2@<signal_delay_s>` in the
