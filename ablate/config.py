@@ -92,7 +92,19 @@ def semantic(cfg: DictConfig) -> dict:
 
 def signature(cfg: DictConfig) -> str:
     """A run's identity: a short hash of its semantic config, independent of key order, launcher and tracking."""
-    canonical = json.dumps(semantic(cfg), sort_keys=True, separators=(",", ":"), default=str)
+    return _digest(semantic(cfg))
+
+
+def lineage(cfg: DictConfig) -> str:
+    """A run's identity less its budget (train.steps): a run of a larger budget may extend a run of the same
+    lineage from its checkpoint (`sweep.extend=true`)."""
+    config = semantic(cfg)
+    config["train"] = {key: value for key, value in config["train"].items() if key != "steps"}
+    return _digest(config)
+
+
+def _digest(config: dict) -> str:
+    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 

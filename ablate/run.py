@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ablate import tracking
 from ablate.checks import check_compute, check_memory, check_model, check_run, gpu_memory_gb
-from ablate.config import compose, merge_overrides, override_key, signature
+from ablate.config import compose, lineage, merge_overrides, override_key, signature
 from ablate.progress import SweepDisplay, StepBar
 from ablate.sweeps import Variant
 from analysis.runs import END_REASON_TAG, EXTENDED_TAG, SETTLED_TAG
@@ -34,6 +34,7 @@ class Planned:
     variant: Variant
     cfg: DictConfig
     signature: str
+    lineage: str = ""  # the signature less train.steps (ablate/config.py)
 
 
 def plan(cfg: DictConfig, overrides: Sequence[str]) -> list[Planned]:
@@ -43,7 +44,7 @@ def plan(cfg: DictConfig, overrides: Sequence[str]) -> list[Planned]:
     planned = []
     for variant in emit(cfg, overrides):
         variant_cfg = compose(merge_overrides(base, variant.overrides)) if variant.overrides else cfg
-        planned.append(Planned(variant, variant_cfg, signature(variant_cfg)))
+        planned.append(Planned(variant, variant_cfg, signature(variant_cfg), lineage(variant_cfg)))
     names = [p.variant.name for p in planned]
     if len(set(names)) != len(names):
         raise ValueError(f"the sweep emits duplicate variant names: {names}")
@@ -69,7 +70,7 @@ def print_plan(planned: Sequence[Planned], title: str) -> None:
 
 def variant_tags(p: Planned, sweep: str) -> dict[str, str]:
     tags = {"ablate.sweep": sweep, "ablate.variant": p.variant.name, "ablate.axis": p.variant.axis,
-            "ablate.choice": p.variant.choice, "ablate.signature": p.signature}
+            "ablate.choice": p.variant.choice, "ablate.signature": p.signature, "ablate.lineage": p.lineage}
     untestable = p.cfg.get("untestable") or {}
     if p.variant.axis in untestable and not p.cfg.generator.simulated:  # no verdict in the report, and why
         tags["ablate.untestable"] = str(untestable[p.variant.axis])
@@ -161,8 +162,11 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     for p in planned:
         runs = [] if cfg.sweep.force else tracking.find_runs(client, exp_id, signature=p.signature, role="variant")
         kind, run_id = _decide(runs, previous, _has_checkpoint(cfg), extend=cfg.sweep.extend)
-        if kind == "extend":  # stopped by an adaptive sweep: on from its checkpoint, into the same run
-            _reopen_settled(client, run_id)
+        if kind == "new" and cfg.sweep.extend:  # a run of this lineage that ran a smaller budget: take it further
+            run_id = _shorter_run(client, exp_id, p, _has_checkpoint(cfg))
+            kind = "extend" if run_id else "new"
+        if kind == "extend":  # stopped by an adaptive sweep, or a smaller budget: on from its checkpoint, same run
+            _reopen(client, run_id, p.signature)
         if kind == "new":
             run_id = tracking.create_variant_run(client, exp_id, p.variant.name, variant_tags(p, sid), parent)
         elif kind == "resume":  # failed, killed, or its job is gone: again, from its checkpoint
@@ -266,13 +270,28 @@ def _decide(runs: list, previous: dict[str, tuple[str, str]], has_checkpoint: Ca
     return ("resume", resumable) if resumable else ("new", None)
 
 
-def _reopen_settled(client, run_id: str) -> None:
-    """A settled run made ready to go on: no longer settled (the report then waits for its full budget), where it was
-    taken from kept as `ablate.extended_from`, SCHEDULED."""
-    tags = client.get_run(run_id).data.tags
-    client.set_tag(run_id, EXTENDED_TAG, tags[SETTLED_TAG])
+def _shorter_run(client, exp_id: str, p: Planned, has_checkpoint: Callable[[str], bool]) -> Optional[str]:
+    """The newest FINISHED run of p's lineage that ran fewer steps than p asks for and kept its checkpoint (a
+    settled one, or one run with sweep.keep_checkpoints=true), or None."""
+    for run in tracking.find_runs(client, exp_id, lineage=p.lineage, role="variant"):
+        steps = run.data.params.get("train.steps", "")
+        if run.info.status == "FINISHED" and steps.isdigit() and int(steps) < int(p.cfg.train.steps) \
+                and has_checkpoint(run.info.run_id):
+            return run.info.run_id
+    return None
+
+
+def _reopen(client, run_id: str, signature: str) -> None:
+    """A finished run made ready to go on: no longer settled (the report then waits for its full budget), the step
+    it goes on from kept as `ablate.extended_from`, the signature of its new budget (a re-run then finds it),
+    SCHEDULED. Its params stay those it started with (MLflow keeps them once)."""
+    run = client.get_run(run_id)
+    start = run.data.tags.get(SETTLED_TAG) or run.data.params.get("train.steps", "")
+    client.set_tag(run_id, EXTENDED_TAG, start)
+    client.set_tag(run_id, "ablate.signature", signature)
     for key in (SETTLED_TAG, END_REASON_TAG):
-        client.delete_tag(run_id, key)
+        if key in run.data.tags:
+            client.delete_tag(run_id, key)
     client.update_run(run_id, status="SCHEDULED")
 
 

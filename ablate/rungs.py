@@ -16,7 +16,8 @@ from typing import Callable
 
 from omegaconf import DictConfig
 
-from analysis.adaptive import GO, RUNG_TAG, STOP, Curve, Decision, decide, decisions_of, rung_steps
+from analysis.adaptive import (CONFIDENCE, FORECASTS, GO, RUNG_TAG, RUNGS, STOP, Curve, Decision, decide,
+                               decisions_of, rung_steps)
 from analysis.law import fmt_compute
 from analysis.rank import BASELINE
 from analysis.runs import END_REASON_TAG, SETTLED_TAG, load_curve
@@ -30,15 +31,17 @@ class Rungs:
 
     def __init__(self, cfg: DictConfig, run_id: str, tracker, *, poll_s: float = POLL_S,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
-        sweep = cfg.sweep
+        sweep = cfg.sweep  # .get: a job's config from before these keys (a requeued one) has none of them
         self.runs = dict(sweep.get("runs") or {})  # variant name -> run id, handed in by the sweep
         # sweep.extend: runs go to their full budget (a settled one from its checkpoint): no stops
         self.active = bool(sweep.get("adaptive")) and bool(self.runs) and not sweep.get("extend")
         self.steps = int(cfg.train.steps)
-        self.rungs = rung_steps(self.steps, list(sweep.rungs)) if self.active else []
+        self.rungs = rung_steps(self.steps, list(sweep.get("rungs", RUNGS))) if self.active else []
         self.run_id, self.tracker, self.seed = run_id, tracker, int(cfg.seed)
-        self.confidence, self.forecasts = float(sweep.confidence), int(sweep.forecasts)
-        self.wait_s, self.poll_s, self.clock, self.sleep = 60.0 * float(sweep.base_wait_min), poll_s, clock, sleep
+        self.confidence = float(sweep.get("confidence", CONFIDENCE))
+        self.forecasts = int(sweep.get("forecasts", FORECASTS))
+        self.wait_s = 60.0 * float(sweep.get("base_wait_min", 120.0))
+        self.poll_s, self.clock, self.sleep = poll_s, clock, sleep
         self.is_base = self.runs.get(BASELINE) == run_id
 
     def due(self, step: int) -> bool:
@@ -63,6 +66,10 @@ class Rungs:
         print(f"{name} {decision.summary()}", file=sys.stderr, flush=True)
         return decision
 
+    def _said(self, rung: int, step: int, compute: float, decision: str, verdict: str, reason: str) -> Decision:
+        return Decision(rung=rung, step=step, steps=self.steps, compute=compute, decision=decision, verdict=verdict,
+                        reason=reason)
+
     def _variant_decides(self, rung: int, step: int) -> Decision:
         client = self.tracker.client
         mine = load_curve(client, self.run_id)
@@ -71,18 +78,16 @@ class Rungs:
         deadline = self.clock() + self.wait_s
         while True:
             base = load_curve(client, base_id) if base_id else None
-            if base is not None and (base.c_max >= c_rung or base.status != "RUNNING" and base.status != "SCHEDULED"):
+            if base is not None and (base.c_max >= c_rung or base.status not in ("RUNNING", "SCHEDULED")):
                 break
             if base is None or self.clock() >= deadline:
                 why = ("the sweep has no base recipe" if base is None else
                        f"the base recipe had not reached {fmt_compute(c_rung)} GPU-h after {self.wait_s / 60:.0f} min")
-                return Decision(rung=rung, step=step, steps=self.steps, compute=c_rung, decision=GO, verdict="",
-                                reason=f"undecided: {why}")
+                return self._said(rung, step, c_rung, GO, "", f"undecided: {why}")
             self.sleep(self.poll_s)
         if base.c_max < c_rung:  # the base ended (settled, failed) short of this compute: nothing to compare at it
-            return Decision(rung=rung, step=step, steps=self.steps, compute=c_rung, decision=GO, verdict="",
-                            reason=f"undecided: the base recipe ended ({base.status}) at {fmt_compute(base.c_max)} GPU-h, "
-                                   "short of this compute")
+            return self._said(rung, step, c_rung, GO, "", f"undecided: the base recipe ended ({base.status}) at "
+                                                          f"{fmt_compute(base.c_max)} GPU-h, short of this compute")
         return decide(Curve(mine.step, mine.compute, mine.pass_rate), Curve(base.step, base.compute, base.pass_rate),
                       rung=rung, step=step, steps=self.steps, confidence=self.confidence, forecasts=self.forecasts,
                       seed=self.seed * 1000 + rung)
@@ -93,11 +98,11 @@ class Rungs:
         others = {name: run_id for name, run_id in self.runs.items() if name != BASELINE}
         open_ = []
         for name, run_id in others.items():
-            settled = [d for d in decisions_of(client.get_run(run_id).data.tags) if d.stop and d.rung <= rung]
-            if not settled and client.get_run(run_id).info.status != "FAILED":  # a failed one needs no base
+            run = client.get_run(run_id)
+            settled = any(d.stop and d.rung <= rung for d in decisions_of(run.data.tags))
+            if not settled and run.info.status != "FAILED":  # a failed one needs no base
                 open_.append(name)
         if open_:
-            return Decision(rung=rung, step=step, steps=self.steps, compute=c_now, decision=GO, verdict="base",
-                            reason=f"the base recipe: {', '.join(sorted(open_))} may still need it")
-        return Decision(rung=rung, step=step, steps=self.steps, compute=c_now, decision=STOP, verdict="base",
-                        reason="the base recipe: every variant has settled")
+            return self._said(rung, step, c_now, GO, "base",
+                              f"the base recipe: {', '.join(sorted(open_))} may still need it")
+        return self._said(rung, step, c_now, STOP, "base", "the base recipe: every variant has settled")

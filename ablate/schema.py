@@ -339,7 +339,10 @@ class Sweep:
     confidence: float = 0.95  # the share of forecasts whose verdict must be the verdict now
     forecasts: int = 20  # continuations to the full budget drawn per decision
     base_wait_min: float = 120.0  # how long a variant waits at a rung for the base recipe to reach its compute
-    extend: bool = False  # continue runs an adaptive sweep stopped, from their checkpoints, to their full budget
+    # continue, from their checkpoints, into the same runs: runs an adaptive sweep stopped (to their budget), and runs
+    # of a smaller train.steps that kept their checkpoint (to this one)
+    extend: bool = False
+    keep_checkpoints: bool = False  # a finished run keeps its last checkpoint, to be extended later (8B: ~100 GB)
     runs: dict[str, str] = field(default_factory=dict)  # set by the sweep for its jobs: variant -> MLflow run id
 
 

@@ -344,7 +344,7 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
             with _closing(run.generator):
                 run.train(notice, progress)
             tracker.close("FAILED" if run.state.diverged else "FINISHED")
-            if not (run.state.diverged or run.state.settled):  # a settled run keeps its checkpoint: it may be extended
+            if not (run.state.diverged or run.state.settled or run.keeps_checkpoint):  # those may be extended
                 run.checkpoint.remove()  # a finished run is not resumed; at 8B its optimizer state alone is ~100 GB
     return run.state
 
@@ -403,6 +403,7 @@ class _Run:
         self.generator = build(cfg.generator, cfg=cfg, task=task, sampler=self.sampler, policy=self.learner.weights())
         self.checkpoint = Checkpoint(folder)
         self.rungs = Rungs(cfg, run_id, tracker)  # the adaptive sweep's looks (none outside one)
+        self.keeps_checkpoint = bool(cfg.sweep.get("keep_checkpoints"))  # at its last step, to be extended
         self.state = RunState()
         self.n_params = sum(p.numel() for p in self.learner.policy.parameters())
         self._resume_or_start()
@@ -453,6 +454,8 @@ class _Run:
                 self._save()
                 tracker.set_tags({"ablate.requeued_at": str(step)})
                 notice.hand_over()
+        if self.keeps_checkpoint and state.step == cfg.train.steps and not state.diverged:
+            self._save()  # its last step's: a larger train.steps goes on from here (sweep.extend=true)
 
     def _save(self) -> None:
         self.tracker.flush()  # first: every step up to the checkpoint is in the store before a resume skips it

@@ -4,7 +4,8 @@ stops (its verdict settled) or goes on.
 `decide` forecasts the verdict at the full budget: it draws laws from both fits' posteriors, continues each curve to
 its full budget with the noise its fit measured, refits, and takes the verdict of each forecast. The variant stops
 when the verdict it has now is the forecasts' in at least `confidence` of them, and never while either curve's A is
-not identified (analysis/law.py). `Decision` is what the job logs (`tags`) and the report shows. Why this rule, and
+not identified (analysis/law.py). `Decision` is what the job logs (as JSON, the tag `ablate.rung.<k>`) and the
+report shows. Why this rule, and
 how it was calibrated: docs/fitting.md#the-adaptive-sweep.
 """
 
@@ -18,7 +19,6 @@ import numpy as np
 
 from analysis.fit import FitError, SigmoidFit, fit_sigmoid, fmt_compute
 from analysis.rank import A_NOT_IDENTIFIED, verdict
-from analysis.runs import SETTLED_TAG  # noqa: F401 - the tag's one name, for the jobs
 from analysis.synthetic import wobble
 
 RUNGS = (0.25, 0.5, 1.0)  # fractions of each variant's compute (its train.steps) at which it is looked at
@@ -133,7 +133,8 @@ def _continue(curve: Curve, fit: SigmoidFit, scale: float, rng: np.random.Genera
     (the posterior's tails past them are the flat prior's: draws there made forecasts claim moves that the data
     rule out), with the noise the fit measured, white and the run's slow wobble, each at least half of the residual
     variance (a short curve's noise model underestimates it): docs/fitting.md#the-adaptive-sweep."""
-    A, B, C_mid, R0 = _plausible(fit)[rng.integers(len(_plausible(fit)))]
+    plausible = _plausible(fit)
+    A, B, C_mid, R0 = plausible[rng.integers(len(plausible))]
     step, c = curve.step[curve.step > 0], curve.compute[curve.step > 0]
     per_step = c[-1] / step[-1]
     gap = int(np.median(np.diff(step))) if step.size > 1 else 1

@@ -46,8 +46,8 @@ def run_sweeps(folder: Path, seeds: range, jobs: int, extra: list[str]) -> None:
     while todo or running:
         while todo and len(running) < jobs:
             seed = todo.pop(0)
-            cmd = [sys.executable, "-m", "ablate", "sweep=loo", "generator=mock", "launcher=debug", "sweep.report=false",
-                   f"tracking.experiment={EXPERIMENT}", f"seed={seed}", *extra]
+            cmd = [sys.executable, "-m", "ablate", "sweep=loo", "generator=mock", "launcher=debug",
+                   "sweep.report=false", f"tracking.experiment={EXPERIMENT}", f"seed={seed}", *extra]
             running.append((seed, subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE,
                                                    stderr=subprocess.STDOUT, text=True)))
         time.sleep(0.5)
@@ -199,7 +199,8 @@ def main() -> None:
         res = statistics.median(float(np.median([v[2][0] for v in r["fixed"][f][0].values()]))
                                 for r in results.values())
         spent = sum(r["fixed"][f][1] for r in results.values())
-        print(f"| every run cut at {f:.0%} | {share(right)} | {res:.3f} | {spent:,.0f} ({spent / hours_full:.0%} of full) |")
+        print(f"| every run cut at {f:.0%} | {share(right)} | {res:.3f} | {spent:,.0f} "
+              f"({spent / hours_full:.0%} of full) |")
     print(f"\nadaptive verdict = full verdict: {agree} of {n}")
     print("variants settled at rung: " + ", ".join(f"{k}: {v}" for k, v in sorted(rung_counts.items())))
     print(f"wall time: {swept:.0f} s sweeping, {replayed:.0f} s replaying")

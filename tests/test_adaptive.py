@@ -220,3 +220,42 @@ def test_an_adaptive_sweep_stops_a_settled_variant_reports_it_and_is_not_redone(
     assert steps == list(range(41))  # every step once: the first ones from the adaptive sweep, the rest now
     assert not (runs_dir / variant.info.run_id / "checkpoint.pt").exists()  # at its budget: done with
     assert f"extended from step {settled}" in more.stdout and "| moves A" in more.stdout
+
+
+def test_a_sweep_taken_to_a_larger_budget_goes_on_in_the_same_runs(tmp_path):
+    """`sweep.keep_checkpoints=true` at 8 steps, then `train.steps=16 sweep.extend=true`: each run goes on from its
+    step-8 checkpoint in its own MLflow run, and a third call finds them FINISHED."""
+    from conftest import run_cli
+
+    (tmp_path / "conf" / "axes").mkdir(parents=True)
+    (tmp_path / "conf" / "axes" / "one.yaml").write_text(
+        "# @package _global_\naxes:\n  - {path: precision, base: bf16, variant: loo-fp32}\n")
+    command = ["-m", "ablate", "--config-dir", str(tmp_path / "conf"), "sweep=loo", "generator=mock", "axes=one",
+               "launcher=local", "model.num_layers=1", "model.hidden_size=32", "sweep.report=false"]
+    first = run_cli(*command, "train.steps=8", "sweep.keep_checkpoints=true", cwd=tmp_path)
+    assert first.returncode == 0 and "2 to run" in first.stdout, first.stdout[-2000:] + first.stderr[-2000:]
+    client = tracking.client(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.get_experiment_by_name("tiny-dryrun").experiment_id
+
+    def variants():
+        return {r.data.tags["ablate.variant"]: r for r in client.search_runs([exp])
+                if r.data.tags.get("ablate.role") == "variant"}
+
+    before = variants()
+    runs_dir = tmp_path / "outputs" / "tiny" / "runs"
+    assert all((runs_dir / r.info.run_id / "checkpoint.pt").exists() for r in before.values())  # kept
+
+    more = run_cli(*command, "train.steps=16", "sweep.extend=true", cwd=tmp_path)
+    assert more.returncode == 0 and "2 to run, 0 already FINISHED" in more.stdout, more.stdout[-2000:]
+    after = variants()
+    assert {n: r.info.run_id for n, r in after.items()} == {n: r.info.run_id for n, r in before.items()}
+    for name, run in after.items():
+        assert run.info.status == "FINISHED" and run.data.tags["ablate.extended_from"] == "8"
+        assert run.data.tags["ablate.lineage"] == before[name].data.tags["ablate.lineage"]
+        assert run.data.tags["ablate.signature"] != before[name].data.tags["ablate.signature"]  # the new budget's
+        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "compute/gpu_hours"))
+        assert steps == list(range(17)), name  # 0-8 from the first budget, 9-16 now: each once
+        assert not (runs_dir / run.info.run_id / "checkpoint.pt").exists()  # not kept this time
+
+    again = run_cli(*command, "train.steps=16", "sweep.extend=true", cwd=tmp_path)
+    assert again.returncode == 0 and "0 to run, 2 already FINISHED" in again.stdout
