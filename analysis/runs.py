@@ -21,7 +21,7 @@ PASS_RATE = "val/pass_rate"
 COMPUTE = "compute/gpu_hours"
 END_REASON_TAG = "ablate.stopped_early"  # why a FINISHED run stopped before train.steps (the trainer's reason)
 SETTLED_TAG = "ablate.settled_at"  # the step at which an adaptive sweep stopped the run, its verdict settled
-EXTENDED_TAG = "ablate.extended_from"  # the step of a settled run's checkpoint that `sweep.extend=true` went on from
+EXTENDED_TAG = "ablate.extended_from"  # the step whose checkpoint `sweep.extend=true` took the run on from
 UNTESTABLE_TAG = "ablate.untestable"  # why a variant's axis cannot show its effect at this scale (the sweep's)
 ALL_SWEEPS = "all"  # `--sweep all`: every sweep of the experiment
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
