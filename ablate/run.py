@@ -23,6 +23,7 @@ from ablate import tracking
 from ablate.checks import check_compute, check_memory, check_model, check_run, gpu_memory_gb
 from ablate.config import compose, lineage, merge_overrides, override_key, signature
 from ablate.progress import SweepDisplay, StepBar
+from ablate.rungs import check_settings
 from ablate.sweeps import Variant
 from analysis.runs import END_REASON_TAG, EXTENDED_TAG, SETTLED_TAG
 from launch.status import ALIVE, job_states
@@ -138,6 +139,8 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     for p in planned:
         check_compute(p.cfg.train)
         check_run(p.cfg)
+        if cfg.sweep.adaptive:
+            check_settings(cfg.sweep, int(p.cfg.train.steps))
         estimate = check_memory(p.cfg, gpu_gb)
         if p is planned[0] and estimate:
             print("memory per GPU (ablate/memory.py's estimate at the longest rows):")

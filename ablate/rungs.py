@@ -25,6 +25,16 @@ from analysis.runs import END_REASON_TAG, SETTLED_TAG, load_curve
 POLL_S = 10.0
 
 
+def check_settings(sweep: DictConfig, steps: int) -> None:
+    """An adaptive sweep's settings, before anything is submitted (a bad one would fail every job at its first
+    rung): one ValueError naming the key."""
+    rung_steps(steps, list(sweep.rungs))
+    if not 0.5 < float(sweep.confidence) <= 1.0:
+        raise ValueError(f"sweep.confidence={sweep.confidence}: the share of forecasts that must agree, in (0.5, 1]")
+    if int(sweep.forecasts) < 1:
+        raise ValueError(f"sweep.forecasts={sweep.forecasts}: at least 1 forecast a decision")
+
+
 class Rungs:
     """The looks one run of an adaptive sweep takes. `due(step)`: a rung's step (not the last: a run at its full
     budget simply ends). `look(step)`: the decision there, logged (None: not a rung)."""

@@ -19,6 +19,7 @@ import numpy as np
 
 from analysis.fit import FitError, SigmoidFit, fit_sigmoid, fmt_compute
 from analysis.rank import A_NOT_IDENTIFIED, verdict
+from analysis.runs import SETTLED_TAG
 from analysis.synthetic import wobble
 
 RUNGS = (0.25, 0.5, 1.0)  # fractions of each variant's compute (its train.steps) at which it is looked at
@@ -81,7 +82,7 @@ class Decision:
 def rung_steps(steps: int, rungs: Sequence[float] = RUNGS) -> list[int]:
     """The steps at which a run of `steps` steps is looked at: each fraction's, rounded, the last one `steps`."""
     if not rungs or any(not 0 < f <= 1 for f in rungs) or list(rungs) != sorted(set(rungs)) or rungs[-1] != 1:
-        raise ValueError(f"sweep.adaptive.rungs must rise from above 0 to 1, e.g. [0.25, 0.5, 1.0], not {list(rungs)}")
+        raise ValueError(f"sweep.rungs must rise from above 0 to 1, e.g. [0.25, 0.5, 1.0], not {list(rungs)}")
     return sorted({max(1, min(steps, round(f * steps))) for f in rungs})
 
 
@@ -179,7 +180,9 @@ def decisions_of(tags: dict) -> list[Decision]:
 
 
 def stopped_at(tags: dict) -> Decision | None:
-    """The decision that stopped a run (None: it was not stopped by the adaptive sweep)."""
+    """The decision that stopped a run where it is (None: no adaptive sweep stopped it, or it was extended since)."""
+    if SETTLED_TAG not in tags:
+        return None
     return next((d for d in decisions_of(tags) if d.stop and d.step < d.steps), None)
 
 

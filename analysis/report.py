@@ -21,7 +21,7 @@ import numpy as np
 
 from analysis.extrapolate import Extrapolation, extrapolation_check
 from analysis.fit import fit_sigmoid
-from analysis.adaptive import Decision, decisions_of
+from analysis.adaptive import Decision, decisions_of, stopped_at
 from analysis.joint import CommonAFit, fit_common_A
 from analysis.law import FitError, SigmoidFit, prepare
 from analysis.plots import plot_linearized, plot_overview, plot_params, plot_variant
@@ -215,7 +215,7 @@ def make_report(
     base = next((row for row in rows if row.verdict.label == "base"), None)
     for row in rows:
         title = f"{row.label} ({_seeds(row)}, {row.run_status})"
-        stop = next((d for d in row.decisions if d.stop and d.step < d.steps), None)
+        stop = stopped_at(row.curves[0].tags)
         plot_variant(row.curves, row.fit, row.plot, title, extrap=row.extrapolation,
                      forecast=stop.band if stop is not None else None)
     overview = plot_overview([(row.label, row.curves, row.fit) for row in rows], out / "overview.png")

@@ -13,11 +13,11 @@ import math
 import textwrap
 from pathlib import Path
 
-from analysis.adaptive import gpu_hours_saved
+from analysis.adaptive import gpu_hours_saved, stopped_at
 from analysis.law import CI_LEVEL, fmt_compute
 from analysis.rank import (A_NOT_IDENTIFIED, A_TIE, BASELINE, BOTH, CATEGORIES, MOVES_A, MOVES_B, MOVES_C, NO_CHANGE,
                            NOT_TESTABLE)
-from analysis.runs import ALL_SWEEPS, EXTENDED_TAG, SETTLED_TAG
+from analysis.runs import ALL_SWEEPS, EXTENDED_TAG
 
 WIDTH = 120  # the terminal text's widest line
 
@@ -248,7 +248,7 @@ def adaptive_cells(report) -> list[list[str]]:
         if not row.decisions:
             continue
         tags = row.curves[0].tags
-        stop = next((d for d in row.decisions if d.stop), None) if SETTLED_TAG in tags else None
+        stop = stopped_at(tags)
         spent = max((c.c_max for c in row.curves), default=0.0)
         where = (f"rung {stop.rung}, step {stop.step} of {stop.steps}" if stop is not None else
                  f"extended from step {tags[EXTENDED_TAG]}" if EXTENDED_TAG in tags else "ran its budget")
@@ -263,8 +263,8 @@ def adaptive_total(report) -> str:
     """ "The adaptive sweep spent 123,456 GPU-hours, 78% of the 158,000 its runs would have at their budgets." """
     rows = [row for row in report.rows if row.decisions]
     spent = sum(max((c.c_max for c in row.curves), default=0.0) for row in rows)
-    saved = sum(gpu_hours_saved(d) for row in rows if SETTLED_TAG in row.curves[0].tags for d in row.decisions
-                if d.stop)
+    stops = [stopped_at(row.curves[0].tags) for row in rows]
+    saved = sum(gpu_hours_saved(stop) for stop in stops if stop is not None)
     if not rows or spent + saved <= 0:
         return ""
     return (f"The adaptive sweep spent {fmt_compute(spent)} GPU-hours, {spent / (spent + saved):.0%} of the "

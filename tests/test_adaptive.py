@@ -32,7 +32,7 @@ def test_rungs_are_the_fractions_steps_and_bad_ones_are_refused():
     assert rung_steps(50) == [12, 25, 50]  # round(12.5) is 12: Python rounds half to even
     assert rung_steps(80, [0.5, 1.0]) == [40, 80]
     for bad in ([0.5], [0.5, 0.25, 1.0], [0.0, 1.0], []):
-        with pytest.raises(ValueError, match="sweep.adaptive.rungs"):
+        with pytest.raises(ValueError, match="sweep.rungs"):
             rung_steps(80, bad)
 
 
@@ -71,6 +71,18 @@ def test_a_decision_survives_its_tag():
     tags = {"ablate.rung.1": d.to_json(), "ablate.variant": "x", "ablate.rung.2": "not json"}
     assert decisions_of(tags) == [d]
     assert decide(_run(BASE, 1), _run(BASE, 2), rung=1, step=20, steps=STEPS, forecasts=4, seed=3) == d
+
+
+@pytest.mark.parametrize("override, key", [("sweep.rungs=[0.5]", "sweep.rungs"),
+                                           ("sweep.confidence=1.5", "sweep.confidence"),
+                                           ("sweep.forecasts=0", "sweep.forecasts")])
+def test_bad_adaptive_settings_fail_before_anything_is_submitted(override, key, tmp_path):
+    from conftest import run_cli
+
+    out = run_cli("-m", "ablate", "sweep=loo", "generator=mock", "sweep.adaptive=true", "sweep.dry_run=true",
+                  override, cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith(f"error: {key}"), out.stderr
+    assert not (tmp_path / "mlflow.db").exists()  # no run was made
 
 
 # --- the looks from inside a run --------------------------------------------------------------------------------
