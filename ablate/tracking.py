@@ -12,10 +12,10 @@ import logging
 import os
 import re
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
+
+from analysis.runs import server_problem  # the one check of a server, shared with the report
 
 log = logging.getLogger(__name__)
 
@@ -34,19 +34,6 @@ def resolve_uri(uri: str) -> str:
     if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
         return prefix + str(Path(uri[len(prefix):]).resolve())
     return uri
-
-
-def server_problem(uri: str, timeout_s: float = 5.0) -> Optional[str]:
-    """What is wrong with the MLflow server at an http(s) URI ("does not answer (...)"), or None when /health is ok.
-
-    Asked before anything else: MLflow's own client retries a dead server for minutes.
-    """
-    url = uri.rstrip("/") + "/health"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            return None if response.status == 200 else f"answered {response.status} on /health"
-    except (urllib.error.URLError, OSError) as err:
-        return f"does not answer ({url}: {getattr(err, 'reason', err)})"
 
 
 def check_reachable(uri: str, timeout_s: float = 5.0) -> str:

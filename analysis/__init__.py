@@ -1,7 +1,7 @@
 """MLflow runs -> validation curves -> sigmoid fits (ScaleRL Eq. 1) -> ranked reports.
 
-Works from MLflow data and metric names alone: never imports torch or the trainer (ablate.tracking, stdlib only, is
-the one piece of `ablate` it uses). mlflow, matplotlib and scipy are imported inside the functions that need them,
+Works from MLflow data and metric names alone: imports nothing of `ablate` (the jobs use analysis's rule, never the
+other way) and never torch. mlflow, matplotlib and scipy are imported inside the functions that need them,
 so `import analysis` stays fast.
 """
 

@@ -9,13 +9,13 @@ step = optimizer step: `val/pass_rate` (step 0 = the pre-RL pass rate) and `comp
 from __future__ import annotations
 
 import os
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Collection
 
 import numpy as np
-
-from ablate.tracking import server_problem  # stdlib only: no torch, no trainer
 
 PASS_RATE = "val/pass_rate"
 COMPUTE = "compute/gpu_hours"
@@ -96,6 +96,19 @@ class RunCurve:
             reason = self.tags.get(END_REASON_TAG)
             return f"truncated at step {self.last_step:,}{of}" + (f": {reason}" if reason else "")
         return ""
+
+
+def server_problem(uri: str, timeout_s: float = HEALTH_TIMEOUT_S) -> str | None:
+    """What is wrong with the MLflow server at an http(s) URI ("does not answer (...)"), or None when /health is ok.
+
+    Asked before anything else: MLflow's own client retries a dead server for minutes.
+    """
+    url = uri.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return None if response.status == 200 else f"answered {response.status} on /health"
+    except (urllib.error.URLError, OSError) as err:
+        return f"does not answer ({url}: {getattr(err, 'reason', err)})"
 
 
 def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
