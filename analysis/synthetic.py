@@ -3,7 +3,9 @@
 A curve follows Eq. 1 plus a slow run-level wobble (an AR(1) process in compute, `wobble`) and the binomial noise
 of `n_prompts` x `samples` validation answers per point; the point at compute 0 has the binomial noise only. Two
 sets: `benchmark_curves` (runs that pass their midpoint, the mock's noise) and `heldout_like_curves` (runs that stop
-near their midpoint, with more noise). What each set draws: docs/fitting.md#synthetic-curves.
+near their midpoint, with more noise). `mock_curve` is a run of generator=mock without the trainer: its validation
+(`mean_at_k`, which the mock generator calls too), its run-to-run A, its wobble and its clock, for the power bench.
+What each set draws: docs/fitting.md#synthetic-curves.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ class Truth:
 
 @dataclass(frozen=True)
 class Curve:
-    truth: Truth
+    truth: Truth  # the law this run follows (a mock run: its own A)
     compute: np.ndarray
     reward: np.ndarray
+    step: np.ndarray | None = None  # the optimizer step of each point, where the curve has steps
 
 
 def wobble(rng: np.random.Generator, compute: np.ndarray, sd: float, length: float) -> np.ndarray:
@@ -126,3 +129,52 @@ def heldout_like_curves(n: int, seed: int = 0) -> list[Curve]:
     """n curves of the held-out-like set (heldout_like_curve)."""
     rng = np.random.default_rng(seed)
     return [heldout_like_curve(rng) for _ in range(n)]
+
+
+# --- runs of generator=mock, without the trainer -------------------------------------------------------------------
+
+
+def mean_at_k(rng: np.random.Generator, rate: float, quantiles: np.ndarray, samples: int, spread: float) -> float:
+    """mean@k over a fixed validation set whose prompts' pass rates are the `quantiles` of a Beta with mean `rate`
+    and concentration `spread` (prompts differ in difficulty), each prompt answered `samples` times (binomial)."""
+    from scipy.special import betaincinv
+
+    per_prompt = betaincinv(rate * spread, (1 - rate) * spread, quantiles)
+    return float(rng.binomial(samples, per_prompt).sum() / (len(per_prompt) * samples))
+
+
+@dataclass(frozen=True)
+class MockNoise:
+    """generator=mock's noise (conf/generator/mock.yaml), and its schedule: `steps` optimizer steps of `rows`
+    completions each, validated every `val_every` steps, `budget` GPU-hours at the reference length."""
+
+    val_prompts: int = 1000
+    val_samples: int = 16
+    spread: float = 4.0
+    wobble_sd: float = 0.004
+    wobble_gpu_hours: float = 1000.0
+    run_sd_A: float = 0.006
+    steps: int = 50
+    val_every: int = 1
+    budget: float = 16_000.0
+    rows: int = 32
+
+
+def mock_curve(rng: np.random.Generator, truth: Truth, noise: MockNoise = MockNoise(), *, steps: int | None = None,
+               run_A: float | None = None) -> Curve:
+    """One run of `truth` as generator=mock logs it, to `steps` (default noise.steps) of a budget planned for
+    noise.steps: the run's A is truth.A plus a run-to-run draw (or `run_A`); a step costs budget / steps GPU-hours
+    scaled by the mean of its rows' drawn lengths (the mock's clock, before any length control cuts them); a point
+    every val_every steps is mean@k (`mean_at_k`) of the law plus the wobble. The returned truth is the run's."""
+    steps = noise.steps if steps is None else steps
+    drawn = truth.A + noise.run_sd_A * rng.standard_normal()
+    A = min(drawn if run_A is None else run_A, 1.0)
+    run = Truth(A=A, B=truth.B, C_mid=truth.C_mid, R0=truth.R0)
+    per_step = noise.budget / noise.steps * rng.gamma(5.0, 0.1, size=(steps, noise.rows)).mean(axis=1) / 0.5
+    compute = np.concatenate([[0.0], np.cumsum(per_step)])
+    step = np.arange(0, steps + 1, noise.val_every)
+    compute = compute[step]
+    rate = np.clip(run(compute) + wobble(rng, compute, noise.wobble_sd, noise.wobble_gpu_hours), 1e-4, 1 - 1e-4)
+    quantiles = (np.arange(noise.val_prompts) + 0.5) / noise.val_prompts
+    reward = np.array([mean_at_k(rng, float(r), quantiles, noise.val_samples, noise.spread) for r in rate])
+    return Curve(truth=run, compute=compute, reward=reward, step=step)

@@ -28,7 +28,7 @@ from ablate.generators.base import Capabilities, Generator
 from ablate.policy import build_tokenizer
 from ablate.registry import build
 from ablate.rollouts import Rollouts
-from analysis.synthetic import Truth  # the law of the paper (Eq. 1), one implementation for both
+from analysis.synthetic import Truth, mean_at_k  # the law (Eq. 1) and the validation, one implementation for both
 
 INJECTED_TOKEN = 1  # the mock's stand-in for the ids of an injected phrase
 FIRST_SAMPLED_TOKEN = 4
@@ -113,12 +113,8 @@ class MockGenerator(Generator):
     # ------------------------------------------------------------------------------------------------ validation
     def validate(self, compute: float, **_: object) -> float:
         """mean@k pass rate over the simulated validation prompts at `compute` GPU-hours."""
-        from scipy.special import betaincinv
-
         rate = min(max(self.run_truth(compute) + self._advance_wobble(compute), 1e-4), 1 - 1e-4)
-        per_prompt = betaincinv(rate * self.kappa, (1 - rate) * self.kappa, self.val_quantiles)
-        k = self.val_samples
-        return float(self.rng.binomial(k, per_prompt).sum() / (len(per_prompt) * k))
+        return mean_at_k(self.rng, rate, self.val_quantiles, self.val_samples, self.kappa)
 
     def _advance_wobble(self, compute: float) -> float:
         if self.wobble_sd <= 0 or compute <= 0:
