@@ -4,15 +4,17 @@
   B at a common A (the joint refit, passed in as `common`), or by its own B when the data reject one; failed fits
   rank last.
 - `verdict`: moves A, moves B, moves A and B, moves C_mid (the compute to reach a reward both reach: `efficiency`),
-  or no detectable change; `resolution`: the smallest change the comparison detects 9 times in 10.
+  or no detectable change; each claim a z-test (`Claim`: the change over the sd of the two intervals' facing sides)
+  against a critical value, `CRITICAL` at one look (two-sided ALPHA), an adaptive sweep's boundary at its looks;
+  `resolution`: the smallest change the comparison detects 9 times in 10.
 The rules, and where they depart from the paper: docs/fitting.md#ranking, docs/fitting.md#the-verdicts.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Callable, Collection, Sequence
 
 import numpy as np
 
@@ -21,6 +23,9 @@ from analysis.law import CI_LEVEL, FitError, SigmoidFit, fmt_compute
 BASELINE = "scalerl"  # the base recipe the verdicts compare with (the ablate.variant tag of its runs)
 A_TIE = 0.02  # the paper's margin: a move of A below it is labelled small
 DETECT = 0.9  # the resolution is the change detected with this probability
+# A claim's two-sided false-claim rate at one look: that of "the two 90% intervals apart" when they are equally wide
+# (1.645 sqrt(2) = 2.326 standard errors of the difference), held whatever their widths (docs/fitting.md#the-verdicts)
+ALPHA = 0.02
 
 # common(indices) -> the fits of those inputs refitted with one shared A (analysis.joint.CommonAFit);
 # raises FitError when it cannot be made
@@ -154,26 +159,82 @@ def _halves(x: float, ci: tuple[float, float], top: float, bottom: float = 0.0) 
     return below, above
 
 
-def resolution(x: float, ci: tuple[float, float], x_base: float, ci_base: tuple[float, float],
-               top: float = math.inf, bottom: float = 0.0) -> float:
-    """The smallest |x - x_base| that "the two 90% intervals do not overlap" detects with probability DETECT, in
-    either direction (the larger of the two); inf where a facing side of an interval is open.
-
-    A change d downwards is detected when the estimates differ by more than the facing half-widths,
-    t = above(x) + below(x_base). The estimates' difference has sd s = sqrt(above^2 + below_base^2) / z_90 (a
-    half-width is z_90 = 1.645 standard errors), so P(detect) = Phi((d - t) / s) = DETECT at d = t + z_DETECT s;
-    likewise upwards with the other two sides."""
+def critical(alpha: float = ALPHA) -> float:
+    """The two-sided critical value of a z-test at level `alpha`: 2.326 at ALPHA."""
     from scipy.special import ndtri
 
-    z_ci, z_detect = float(ndtri(0.5 + CI_LEVEL / 2)), float(ndtri(DETECT))
+    return float(ndtri(1 - alpha / 2))
+
+
+CRITICAL = critical()
+
+
+def _z(level: float) -> float:
+    from scipy.special import ndtri
+
+    return float(ndtri(level))
+
+
+def _facing_sd(x: float, ci: tuple[float, float], x_base: float, ci_base: tuple[float, float], top: float,
+               bottom: float) -> tuple[float, float]:
+    """(sd of x - x_base for a change downwards, the same upwards): the facing half-widths as standard errors (a
+    90% half-width is z_90 = 1.645 of them), in quadrature; inf where a facing side is open."""
+    z_ci = _z(0.5 + CI_LEVEL / 2)
     below, above = _halves(x, ci, top, bottom)
     below_base, above_base = _halves(x_base, ci_base, top, bottom)
-    worst = 0.0
-    for near, far in ((above, below_base), (below, above_base)):
-        if not (math.isfinite(near) and math.isfinite(far)):
-            return math.inf
-        worst = max(worst, near + far + z_detect * math.hypot(near, far) / z_ci)
-    return worst
+    return math.hypot(above, below_base) / z_ci, math.hypot(below, above_base) / z_ci
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of a comparison: the change `d` (variant minus base; compute: the log of the ratio), the sd of d for
+    a change downwards and upwards (`sd_down`, `sd_up`; inf where an interval's facing side is open), and the
+    critical value `c` it is held to. It is made when |z| >= c, z = d / the sd on d's side."""
+
+    d: float
+    sd_down: float
+    sd_up: float
+    c: float = CRITICAL
+
+    @property
+    def sd(self) -> float:
+        return self.sd_down if self.d < 0 else self.sd_up
+
+    @property
+    def z(self) -> float:
+        return self.d / self.sd if math.isfinite(self.sd) and self.sd > 0 else 0.0
+
+    @property
+    def moved(self) -> bool:
+        return math.isfinite(self.sd) and abs(self.z) >= self.c
+
+    @property
+    def resolution(self) -> float:
+        """The smallest |d| detected with probability DETECT, in either direction (the worse): (c + z_DETECT) sd."""
+        worst = max(self.sd_down, self.sd_up)
+        return (self.c + _z(DETECT)) * worst if math.isfinite(worst) else math.inf
+
+    def held_to(self, c: float) -> "Claim":
+        return replace(self, c=c)
+
+
+def claim(x: float, ci: tuple[float, float], x_base: float, ci_base: tuple[float, float], *, c: float = CRITICAL,
+          top: float = math.inf, bottom: float = 0.0) -> Claim:
+    """The claim x - x_base from two estimates and their 90% intervals (`_halves` for the open sides)."""
+    down, up = _facing_sd(x, ci, x_base, ci_base, top, bottom)
+    return Claim(d=x - x_base, sd_down=down, sd_up=up, c=c)
+
+
+def resolution(x: float, ci: tuple[float, float], x_base: float, ci_base: tuple[float, float],
+               top: float = math.inf, bottom: float = 0.0, c: float = CRITICAL) -> float:
+    """The smallest |x - x_base| that the z-test at critical value `c` detects with probability DETECT, in either
+    direction (the larger of the two); inf where a facing side of an interval is open.
+
+    A change d downwards is detected when d / s >= c, s the sd of the difference: the facing half-widths (above x,
+    below x_base) as standard errors, s = sqrt(above^2 + below_base^2) / z_90 (a 90% half-width is z_90 = 1.645
+    of them). P(detect) = Phi(d / s - c) = DETECT at d = (c + z_DETECT) s; likewise upwards with the other two
+    sides."""
+    return claim(x, ci, x_base, ci_base, c=c, top=top, bottom=bottom).resolution
 
 
 # --- the compute to reach a reward both runs reach ---------------------------------------------------------------
@@ -199,14 +260,15 @@ def compute_to_reach(fit: SigmoidFit, r: float) -> tuple[float, tuple[float, flo
 
 @dataclass(frozen=True)
 class Efficiency:
-    """The compute each run needs to reach R_star (variant, base), with 90% intervals; `moved` when those do not
-    overlap; `resolution`: the smallest |ln(C* / C*_base)| the comparison detects 9 times in 10."""
+    """The compute each run needs to reach R_star (variant, base), with 90% intervals; `moved` when the claim on
+    ln(C* / C*_base) is made (its z-test); `resolution`: the smallest |ln(C* / C*_base)| it detects 9 times in 10."""
 
     R_star: float
     C: tuple[float, float]
     ci: tuple[tuple[float, float], tuple[float, float]]
     moved: bool
     resolution: float
+    claim: Claim | None = None  # ln(C* / C*_base), the claim the two were compared by
 
     @property
     def ratio(self) -> float:
@@ -223,8 +285,8 @@ class Efficiency:
         (lo, hi), (b_lo, b_hi) = self.ci
         spans = (f"{fmt_compute(self.C[0])} [{fmt_compute(lo)}, {fmt_compute(hi)}] vs {fmt_compute(self.C[1])} "
                  f"[{fmt_compute(b_lo)}, {fmt_compute(b_hi)}] GPU-h")
-        return (f"compute to reach R = {self.R_star:.3f}: {self.ratio:.2f}x ({spans}, the intervals "
-                f"{'apart' if self.moved else 'overlap'})")
+        z = f"z = {self.claim.z:+.2f}{' >= ' if self.moved else ' < '}{self.claim.c:.2f}" if self.claim else ""
+        return f"compute to reach R = {self.R_star:.3f}: {self.ratio:.2f}x ({spans}, {z or 'no claim'})"
 
 
 def middle_reward(fit: SigmoidFit) -> float:
@@ -233,7 +295,7 @@ def middle_reward(fit: SigmoidFit) -> float:
     return float(fit.predict(math.sqrt(fit.c_min * fit.c_max)))
 
 
-def efficiency(fit: SigmoidFit, base: SigmoidFit) -> Efficiency | None:
+def efficiency(fit: SigmoidFit, base: SigmoidFit, c: float = CRITICAL) -> Efficiency | None:
     """The two runs' compute to reach R*, the smaller of the two fits' rewards at the middle of their fitted compute
     (log scale), so that both C* are measured inside the curves (docs/fitting.md#the-compute-to-reach-a-reward).
     None without posterior draws, a fitted window, or a gain (a curve that never rose)."""
@@ -244,14 +306,14 @@ def efficiency(fit: SigmoidFit, base: SigmoidFit) -> Efficiency | None:
     r_star = min(middle_reward(fit), middle_reward(base))
     if not r_star > max(fit.R0, base.R0):
         return None
-    (c, ci), (c_base, ci_base) = compute_to_reach(fit, r_star), compute_to_reach(base, r_star)
-    if not (0 < c < math.inf and 0 < c_base < math.inf):
+    (c_run, ci), (c_base, ci_base) = compute_to_reach(fit, r_star), compute_to_reach(base, r_star)
+    if not (0 < c_run < math.inf and 0 < c_base < math.inf):
         return None
     with np.errstate(divide="ignore"):
         logs = [tuple(float(x) for x in np.log(ci)), tuple(float(x) for x in np.log(ci_base))]
-    power = resolution(math.log(c), logs[0], math.log(c_base), logs[1], bottom=-math.inf)
-    return Efficiency(R_star=r_star, C=(c, c_base), ci=(ci, ci_base), moved=not overlap(ci, ci_base),
-                      resolution=power)
+    ln = claim(math.log(c_run), logs[0], math.log(c_base), logs[1], c=c, bottom=-math.inf)
+    return Efficiency(R_star=r_star, C=(c_run, c_base), ci=(ci, ci_base), moved=ln.moved, resolution=ln.resolution,
+                      claim=ln)
 
 
 # --- verdicts against the base recipe --------------------------------------------------------------------------
@@ -263,6 +325,9 @@ NOT_TESTABLE = "not testable at this scale"  # the sweep says the axis cannot sh
 # a run's data stop before its fitted C_mid and nothing else moved: no verdict on A, so none at all yet
 A_NOT_IDENTIFIED = "A not identified yet"
 OWN_FITS, COMMON_A = "own fits", "common A"
+
+
+CLAIMS = ("A", "B", "compute")  # what a verdict claims, in the order they are decided
 
 
 @dataclass(frozen=True)
@@ -279,6 +344,8 @@ class Verdict:
     compute: Efficiency | None = None  # the compute to reach a reward both reach (None: no draws to tell it)
     detail: str = ""
     A_identified: bool = True  # both runs' data reach their fitted C_mid; else no claim on A (resolution open)
+    claims: dict[str, Claim] = field(default_factory=dict, compare=False)  # A, B (as compared), compute: z-tests
+    level: str = "runs"  # what it is about: "runs" (these runs) or "recipes" (the spread between runs added)
 
     @property
     def moves_A(self) -> bool:
@@ -291,6 +358,11 @@ class Verdict:
     @property
     def moves_C(self) -> bool:
         return self.label == MOVES_C
+
+    @property
+    def moved(self) -> tuple[str, ...]:
+        """The claims made, of CLAIMS."""
+        return tuple(name for name, made in zip(CLAIMS, (self.moves_A, self.moves_B, self.moves_C)) if made)
 
     @property
     def text(self) -> str:
@@ -325,32 +397,41 @@ class Verdict:
 
 
 def verdict(fit: SigmoidFit, base: SigmoidFit | None, *,
-            common: Callable[[], "CommonAFit"] | None = None) -> Verdict:  # noqa: F821
-    """The variant's verdict against the base recipe's fit; common() refits (variant, base) with a shared A."""
+            common: Callable[[], "CommonAFit"] | None = None,  # noqa: F821
+            bounds: dict[str, float] | None = None, locked: Collection[str] = ()) -> Verdict:
+    """The variant's verdict against the base recipe's fit; common() refits (variant, base) with a shared A.
+
+    Each claim (A, B, compute) is a z-test held to its critical value in `bounds` (CRITICAL for a claim not there:
+    one look); a claim in `locked` was made at an earlier look of an adaptive sweep and stays made."""
     if not fit.ok:
         return Verdict("no fit", detail=fit.status)
     if base is None or not base.ok:
         return Verdict("no base", detail="no fitted base recipe (scalerl) to compare with")
+    bound = {name: CRITICAL for name in CLAIMS} | dict(bounds or {})
     dA = fit.A - base.A
     identified = fit.A_identified and base.A_identified  # no claim on A before both curves show their ceiling
-    a_moved = identified and not overlap(fit.ci["A"], base.ci["A"])
+    a_claim = claim(fit.A, fit.ci["A"], base.A, base.ci["A"], c=bound["A"], top=1.0)
+    if not identified:
+        a_claim = replace(a_claim, sd_down=math.inf, sd_up=math.inf)
+    a_moved = identified and (a_claim.moved or "A" in locked)
     mine, theirs, why, joint = fit, base, "A moved", None
     if not a_moved:
         mine, theirs, why, joint = _b_at_common_A(fit, base, common)
     basis = COMMON_A if joint is not None else OWN_FITS
     dB = mine.B - theirs.B
-    b_moved = not overlap(mine.ci["B"], theirs.ci["B"])
-    compute = efficiency(fit, base)
-    c_moved = not a_moved and not b_moved and compute is not None and compute.moved
+    b_claim = claim(mine.B, mine.ci["B"], theirs.B, theirs.ci["B"], c=bound["B"])
+    b_moved = b_claim.moved or "B" in locked
+    compute = efficiency(fit, base, c=bound["compute"])
+    c_moved = not a_moved and not b_moved and compute is not None and (compute.moved or "compute" in locked)
     label = (BOTH if a_moved and b_moved else MOVES_A if a_moved else MOVES_B if b_moved else MOVES_C if c_moved
              else NO_CHANGE if identified else A_NOT_IDENTIFIED)
-    power = (resolution(fit.A, fit.ci["A"], base.A, base.ci["A"], top=1.0) if identified else math.inf,
-             resolution(mine.B, mine.ci["B"], theirs.B, theirs.ci["B"]))
     small = a_moved and abs(dA) < A_TIE
+    claims = {"A": a_claim, "B": b_claim} | ({"compute": compute.claim} if compute is not None else {})
     v = Verdict(label, dA=dA, dB=dB, b_basis=basis, common_A=joint.A if joint is not None else None,
-                B=(mine.B, theirs.B), small=small, resolution=power, compute=compute, A_identified=identified)
-    a_detail = _a_detail(fit, base, a_moved, small) if identified else _unidentified(fit, base)
-    detail = f"{a_detail}; {_b_detail(mine, theirs, b_moved, v, why)}"
+                B=(mine.B, theirs.B), small=small, resolution=(a_claim.resolution, b_claim.resolution),
+                compute=compute, A_identified=identified, claims=claims)
+    a_detail = _a_detail(fit, base, a_claim, a_moved, small) if identified else _unidentified(fit, base)
+    detail = f"{a_detail}; {_b_detail(mine, theirs, b_claim, b_moved, v, why)}"
     return replace(v, detail=detail + (f"; {compute.detail}" if compute is not None else ""))
 
 
@@ -368,14 +449,19 @@ def _b_at_common_A(fit: SigmoidFit, base: SigmoidFit, common):
     return joint.fits[0], joint.fits[1], "", joint
 
 
-def _a_detail(fit: SigmoidFit, base: SigmoidFit, moved: bool, small: bool) -> str:
+def _z_text(c: Claim, made: bool) -> str:
+    """ "z = -3.10 >= 2.33" (a claim), "z = -1.20 < 2.33" (none)."""
+    return f"z = {c.z:+.2f} {'>=' if made else '<'} {c.c:.2f}"
+
+
+def _a_detail(fit: SigmoidFit, base: SigmoidFit, a: Claim, moved: bool, small: bool) -> str:
     (lo, hi), (b_lo, b_hi) = fit.ci["A"], base.ci["A"]
     spans = f"{fit.A:.3f} [{lo:.3f}, {hi:.3f}] vs {base.A:.3f} [{b_lo:.3f}, {b_hi:.3f}]"
     if not moved:
-        return f"A indistinguishable ({fit.A - base.A:+.3f}: {spans}, the intervals overlap)"
+        return f"A indistinguishable ({fit.A - base.A:+.3f}: {spans}, {_z_text(a, False)})"
     side = "higher" if fit.A > base.A else "lower"
     tail = f", small: within the paper's {A_TIE} margin between runs (a seed would tell)" if small else ""
-    return f"A {side} by {abs(fit.A - base.A):.3f} ({spans}, the intervals apart){tail}"
+    return f"A {side} by {abs(fit.A - base.A):.3f} ({spans}, {_z_text(a, True)}){tail}"
 
 
 def _unidentified(fit: SigmoidFit, base: SigmoidFit) -> str:
@@ -384,14 +470,14 @@ def _unidentified(fit: SigmoidFit, base: SigmoidFit) -> str:
     return f"{A_NOT_IDENTIFIED}: {' and '.join(short)} (A {fit.A:.3f} vs {base.A:.3f}, extrapolated: no claim on A)"
 
 
-def _b_detail(mine: SigmoidFit, theirs: SigmoidFit, moved: bool, v: Verdict, why: str) -> str:
+def _b_detail(mine: SigmoidFit, theirs: SigmoidFit, b: Claim, moved: bool, v: Verdict, why: str) -> str:
     (lo, hi), (b_lo, b_hi) = mine.ci["B"], theirs.ci["B"]
     spans = f"{mine.B:.2f} [{lo:.2f}, {_num(hi)}] vs {theirs.B:.2f} [{b_lo:.2f}, {_num(b_hi)}]"
     basis = v.B_label + (f" ({why})" if why and v.b_basis == OWN_FITS else "")
     if moved:
         side = "higher" if mine.B > theirs.B else "lower"
-        return f"B {side}: {spans}, {basis}"
-    return f"B indistinguishable: {spans}, {basis}"
+        return f"B {side}: {spans}, {_z_text(b, True)}, {basis}"
+    return f"B indistinguishable: {spans}, {_z_text(b, False)}, {basis}"
 
 
 def _num(x: float) -> str:

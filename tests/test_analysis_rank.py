@@ -11,8 +11,8 @@ from analysis.fit import prepare
 from analysis.joint import CommonAFit, fit_common_A
 from analysis.posterior import fit_state
 from analysis.fit import sigmoid_law
-from analysis.rank import (BOTH, COMMON_A, MOVES_A, MOVES_B, MOVES_C, NO_CHANGE, OWN_FITS, law_compute, rank_fits,
-                           resolution, verdict)
+from analysis.rank import (BOTH, COMMON_A, CRITICAL, MOVES_A, MOVES_B, MOVES_C, NO_CHANGE, OWN_FITS, claim,
+                           law_compute, rank_fits, resolution, verdict)
 from analysis.synthetic import Truth, make_curve
 
 
@@ -70,12 +70,19 @@ def test_failed_fits_rank_last_without_a_number():
 
 
 def test_resolution_by_hand():
-    """Two intervals of half-width 0.005: non-overlap needs the estimates 0.01 apart; their difference has sd
-    sqrt(2) 0.005 / 1.6449 = 0.0042990; found 9 times in 10 at 0.01 + 1.2816 x 0.0042990 = 0.015510."""
+    """Two intervals of half-width 0.005: their difference has sd sqrt(2) 0.005 / 1.6449 = 0.0042990; the z-test at
+    2.3263 (two-sided 0.02) finds a change 9 times in 10 at (2.3263 + 1.2816) x 0.0042990 = 0.015510: the estimates
+    0.01 apart is z = 2.3263, the two intervals just touching, as the old rule "intervals apart" had it."""
+    assert CRITICAL == pytest.approx(2.32635, abs=1e-5)
     assert resolution(0.60, (0.595, 0.605), 0.61, (0.605, 0.615), top=1.0) == pytest.approx(0.015510, abs=2e-6)
-    # lopsided: downwards the facing sides are 0.002 (above x) and 0.008 (below the base): 0.010 + 1.2816 x
-    # hypot(0.002, 0.008) / 1.6449 = 0.016425; upwards 0.004 + 0.004 and 0.0044074 more: 0.012407. The larger.
-    assert resolution(0.60, (0.596, 0.602), 0.61, (0.602, 0.614), top=1.0) == pytest.approx(0.016425, abs=2e-6)
+    # lopsided: downwards the facing sides are 0.002 (above x) and 0.008 (below the base): sd hypot(0.002, 0.008) /
+    # 1.6449 = 0.0050132, so 3.6079 x 0.0050132 = 0.018087; upwards 0.004 and 0.004: 0.012407. The larger.
+    assert resolution(0.60, (0.596, 0.602), 0.61, (0.602, 0.614), top=1.0) == pytest.approx(0.018087, abs=2e-6)
+    # the z-test is the level the intervals' overlap had only for equal widths: 0.0085 apart, facing sides 0.0005 and
+    # 0.0075 (just apart, 0.0005 to spare), sd hypot(0.0005, 0.0075) / 1.6449 = 0.0045697, z = 1.86 < 2.33: no claim
+    lopsided = claim(0.6015, (0.5900, 0.6020), 0.61, (0.6025, 0.6200), top=1.0)
+    assert lopsided.z == pytest.approx(-0.0085 / 0.0045697, abs=1e-3) and not lopsided.moved
+    assert claim(0.600, (0.595, 0.605), 0.6101, (0.6051, 0.6151), top=1.0).moved  # equal widths, apart: z 2.35
     # a side that reaches the parameter's open bound is not resolved: A up to 1, B up to infinity or down to 0
     assert resolution(0.60, (0.59, 1.0), 0.61, (0.605, 0.615), top=1.0) == math.inf
     assert resolution(1.9, (1.5, math.inf), 2.0, (1.8, 2.2)) == math.inf
@@ -252,7 +259,7 @@ def test_moves_c_mid_where_only_the_compute_axis_is_stretched():
     middle = [float(f.predict(math.sqrt(f.c_min * f.c_max))) for f in (slow, base)]  # mid-data, in log C
     assert c.R_star == pytest.approx(min(middle)) and min(middle) == middle[0]  # the slower run's: it is lower there
     assert c.moved and c.ratio == pytest.approx(1.4, rel=0.1) and c.ratio_resolution < 1.4
-    assert v.text == f"moves C_mid ({c.ratio:.2f}x compute)" and "the intervals apart" in v.detail
+    assert v.text == f"moves C_mid ({c.ratio:.2f}x compute)" and f"z = {c.claim.z:+.2f} >= 2.33" in v.detail
     assert c.C[0] == pytest.approx(float(law_compute(c.R_star, slow.A, slow.B, slow.C_mid, slow.R0)))
     same = verdict(fit_state(prepare(*_curve(rng, Truth(**law)))).fit, base)
     assert same.label == NO_CHANGE and not same.compute.moved
