@@ -81,7 +81,7 @@ def plot_variant(curves: Sequence[RunCurve], fit: SigmoidFit, path: Path, title:
                  forecast: Sequence[Sequence[float]] | None = None) -> Path:
     """One variant: each seed's points (hollow where left out of the fit), R0 squares, the fit with its band,
     A dashed, c_min dotted; with `extrap` (analysis.extrapolate.Extrapolation) the half-run fit and power law; with
-    `forecast` ([compute, low, high] rows: an adaptive sweep's decision) the 90% band of the law it forecast to the
+    `forecast` ([compute, low, high] rows: an adaptive sweep's decision) the 90% band of the law it had fitted, to the
     full budget at the rung it stopped."""
     fig, ax = _figure(6.6, 4.4, margins=dict(left=0.11, right=0.97, bottom=0.11, top=0.88))
     _pass_rate_axes(ax)
@@ -104,7 +104,7 @@ def plot_variant(curves: Sequence[RunCurve], fit: SigmoidFit, path: Path, title:
     if forecast:
         c, lo, hi = (np.array(col, dtype=float) for col in zip(*forecast))
         ax.fill_between(c, lo, hi, color="C4", alpha=0.3, lw=0,
-                        label=f"forecast to its budget ({fmt_compute(float(c[-1]))} GPU-h) when it stopped")
+                        label=f"the law to its budget ({fmt_compute(float(c[-1]))} GPU-h) when it stopped, 90%")
         ax.set_xlim(right=max(ax.get_xlim()[1], 1.05 * float(c[-1])))
     if extrap is not None and extrap.ok:
         grid = _grid(curves)

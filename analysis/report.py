@@ -21,12 +21,14 @@ import numpy as np
 
 from analysis.extrapolate import Extrapolation, extrapolation_check
 from analysis.fit import fit_sigmoid
-from analysis.adaptive import Decision, decisions_of, stopped_at
+from analysis.adaptive import Decision, decisions_of, report_rule, stopped_at
 from analysis.joint import CommonAFit, fit_common_A
 from analysis.law import FitError, SigmoidFit, prepare
 from analysis.plots import plot_linearized, plot_overview, plot_params, plot_variant
 from analysis.posterior import fit_state
-from analysis.rank import A_TIE, BASELINE, CATEGORIES, NOT_TESTABLE, Ranked, Verdict, rank_fits, verdict
+from analysis.rank import (A_NOT_IDENTIFIED, A_TIE, BASELINE, CATEGORIES, NOT_TESTABLE, Ranked, Verdict, rank_fits,
+                           verdict)
+from analysis.spread import Spread, estimate, recipe_verdict
 from analysis.runs import (
     ALL_SWEEPS,
     NoRuns,
@@ -40,7 +42,7 @@ from analysis.runs import (
 )
 from analysis.synthetic import Truth
 from analysis.text import html_page, markdown_page, terminal_text
-from analysis.truth import Expected, expected, run_truth
+from analysis.truth import Expected, expected, recipe_truth, run_truth
 
 CSV_COLUMNS = ["variant", "A", "A_lo", "A_hi", "B", "B_lo", "B_hi", "C_mid", "R0", "n_points", "status"]
 # after the eleven: the ranking (rank; the tie group's common A and the B at it), the verdict against the base
@@ -51,7 +53,11 @@ CSV_EXTRA = ["C_mid_lo", "C_mid_hi", "rank", "rank_common_A", "rank_B", "rank_B_
              "R_star", "compute_ratio", "resolution_compute", "n_seeds", "label", "run_ids", "extrap_fit_to",
              "extrap_predicted", "extrap_lo", "extrap_hi",
              "extrap_observed", "powerlaw_A", "powerlaw_predicted", "true_A", "true_B", "true_C_mid", "true_dA",
-             "true_dB", "true_compute_ratio", "truth_says", "truth_disagrees", "notes"]
+             "true_dB", "true_compute_ratio", "truth_says", "truth_disagrees", "notes",
+             "verdict_recipe", "dA_recipe", "resolution_dA_recipe", "resolution_dB_recipe", "spread_sd_A",
+             "spread_sd_B", "spread_source", "recipe_truth_says", "recipe_truth_disagrees", "compared_to_gpu_hours"]
+# after the notes: the verdict about the recipes (the spread between runs added: analysis/spread.py) and what it used,
+# its judgement by the mock's recipe truth, and an adaptive sweep's cut of the base
 ARTIFACT_DIR = "report"
 EXTRAPOLATION_FRACTION = 0.5
 
@@ -77,6 +83,10 @@ class ReportRow:
     expected: Expected | None = None  # mock runs: what the truth says the verdict should be at its resolution
     own_notes: tuple[str, ...] = ()  # the fit's warnings and its runs' notes (the note without the ties)
     decisions: tuple[Decision, ...] = ()  # an adaptive sweep's decisions at its rungs (of its first run)
+    recipe: Verdict | None = None  # the verdict about the recipes: the spread between runs of one recipe added
+    recipe_truth: Truth | None = None  # mock runs: the variant's own law (its recipe's, before any run's draw)
+    recipe_expected: Expected | None = None
+    compared_to: float | None = None  # an adaptive sweep's: the compute the base was cut at for its verdict
 
     @property
     def note(self) -> str:
@@ -115,11 +125,12 @@ class ReportRow:
     @property
     def truth_disagrees(self) -> str:
         """Mock runs: "" when the verdict is right by its truth (analysis/truth.py), else why not."""
-        if self.expected is None:
-            return ""
-        v = self.verdict
-        return self.expected.judge(v.moves_A, v.dA, v.moves_B, v.dB, v.moves_C,
-                                   math.log(v.compute.ratio) if v.compute is not None else None)
+        return _judged(self.expected, self.verdict)
+
+    @property
+    def recipe_truth_disagrees(self) -> str:
+        """Mock runs: "" when the recipe-level verdict is right by the recipes' truth, else why not."""
+        return _judged(self.recipe_expected, self.recipe)
 
     @property
     def B_label(self) -> str:
@@ -127,6 +138,13 @@ class ReportRow:
         if self.ranked.b_fit is not None and self.ranked.common_A is not None:
             return f"at common A {self.ranked.common_A:.3f}"
         return "own fit"
+
+
+def _judged(want: Expected | None, v: Verdict | None) -> str:
+    if want is None or v is None:
+        return ""
+    return want.judge(v.moves_A, v.dA, v.moves_B, v.dB, v.moves_C,
+                      math.log(v.compute.ratio) if v.compute is not None else None)
 
 
 @dataclass
@@ -147,6 +165,7 @@ class Report:
     linearized: Path | None = None
     base: str | None = None  # label of the base recipe's row
     sweeps: tuple[str, ...] = ()  # the sweep ids of the runs reported
+    spread: Spread = field(default_factory=Spread)  # the between-run spread the recipe-level verdicts use
 
     @property
     def variants_csv(self) -> Path:
@@ -180,6 +199,14 @@ class Report:
         return statistics.median(r[0] for r in res), statistics.median(r[1] for r in res)
 
     @property
+    def recipe_resolution(self) -> tuple[float, float] | None:
+        """The median over the recipe-level verdicts of their resolution (|dA|, |dB|); None without any."""
+        res = [row.recipe.resolution for row in self.verdicts if row.recipe is not None and row.recipe.resolution]
+        if not res:
+            return None
+        return statistics.median(r[0] for r in res), statistics.median(r[1] for r in res)
+
+    @property
     def compute_resolution(self) -> float | None:
         """The median over the verdicts of the compute ratio they resolve (a factor); None without any."""
         res = [row.verdict.compute.ratio_resolution for row in self.verdicts if row.verdict.compute is not None]
@@ -192,10 +219,12 @@ def make_report(
     out_dir=None,
     sweep: str | None = None,
     run_ids: Collection[str] | None = None,
+    spread: Spread | None = None,
 ) -> Report:
     """Fit every variant of one sweep of `experiment` (the latest unless `sweep` names one; ALL_SWEEPS: every
     sweep; or only `run_ids`), rank them, write the report files to out_dir (default reports/<experiment>) and
-    attach them to the sweep's parent run under report/.
+    attach them to the sweep's parent run under report/. `spread`: the prior of the between-run spread for the
+    recipe-level verdicts (default: the one the sweep tagged on its parent run, else analysis/spread.py's).
 
     Raises analysis.runs.AnalysisError subclasses for bad input (unknown experiment, no runs, no server, runs of
     different models, tasks or generators)."""
@@ -211,7 +240,9 @@ def make_report(
     out = Path(out_dir) if out_dir is not None else Path("reports") / _safe(experiment)
     out.mkdir(parents=True, exist_ok=True)
 
-    rows = variant_rows(curves, out)
+    parent = _parent_run(curves, experiment, uri, sweep)
+    prior = spread if spread is not None else _spread_prior(uri, parent)
+    rows, used = variant_rows(curves, out, prior=prior, with_spread=True)
     base = next((row for row in rows if row.verdict.label == "base"), None)
     for row in rows:
         title = f"{row.label} ({_seeds(row)}, {row.run_status})"
@@ -238,13 +269,13 @@ def make_report(
         linearized=linearized,
         base=base.label if base else None,
         sweeps=tuple(sorted({c.sweep for c in curves})),
+        spread=used,
     )
     report.table_md = terminal_text(report)
-    _write_csv(rows, report.variants_csv)
+    _write_csv(rows, report.variants_csv, used)
     report.markdown.write_text(markdown_page(report))
     report.html.write_text(html_page(report))
 
-    parent = _parent_run(curves, experiment, uri, sweep)
     if parent is not None:
         try:
             _attach(uri, parent, report.paths)
@@ -257,16 +288,23 @@ def make_report(
 # --- rows: fits, ranking, verdicts, truth ------------------------------------------------------------------------
 
 
-def variant_rows(curves: list[RunCurve], out: Path = Path(".")) -> list[ReportRow]:
-    """Complete runs: grouped into variants, fitted, ranked, judged against the base; then incomplete runs,
-    grouped and fitted, with no rank and no verdict."""
+def variant_rows(curves: list[RunCurve], out: Path = Path("."), *, prior: Spread = Spread(),
+                 with_spread: bool = False):
+    """Complete runs: grouped into variants, fitted, ranked, judged against the base (these runs, and the recipes
+    with the spread between runs that the seeds and `prior` give); then incomplete runs, grouped and fitted, with no
+    rank and no verdict. A variant of an adaptive sweep is judged by the rule's own test where it stopped (or at its
+    full budget), beside the base cut at its compute. Returns the rows (and the spread used, with_spread)."""
     complete = group_seeds([c for c in curves if not c.incomplete])
     incomplete = group_seeds([c for c in curves if c.incomplete])
     groups = complete + incomplete
     labels = _labels(groups)
     states = [_state(group) for group in groups]
     fits = [st if isinstance(st, SigmoidFit) else st.fit for st in states]
+    seed_fits = [[fits[i]] if len(group) == 1 else [_fit_of(_state([c])) for c in group]
+                 for i, group in enumerate(groups)]
     truths = [run_truth([c.params for c in group]) for group in groups]
+    recipes = [recipe_truth([c.params for c in group]) for group in groups]
+    used = estimate([seed_fits[i] for i in range(len(complete))], prior)
 
     def common(indices: list[int]) -> CommonAFit:
         bad = [labels[i] for i in indices if isinstance(states[i], SigmoidFit)]
@@ -278,14 +316,37 @@ def variant_rows(curves: list[RunCurve], out: Path = Path(".")) -> list[ReportRo
     ranked = rank_fits(list(zip(labels[:n], fits[:n])), common=common)
     ranked += [Ranked(rank=None, name=labels[i], fit=fits[i], index=i) for i in range(n, len(groups))]
     base_i = _base_index(complete, fits)
+    cut_bases: dict[float, object] = {}
     rows = []
     for r in ranked:
         i, group = r.index, groups[r.index]
         why = "; ".join(sorted({c.incomplete for c in group if c.incomplete}))
         own_notes = tuple(n for n in (*fits[i].notes, *(n for c in group for n in c.notes)) if n)
-        v = _verdict(i, base_i, fits, common, why, next((c.untestable for c in group if c.untestable), ""))
+        decisions = tuple(decisions_of(group[0].tags))
+        rule = report_rule(decisions, max(c.c_max for c in group)) if i != base_i else None
+        base_state, base_seeds = (states[base_i], seed_fits[base_i]) if base_i is not None else (None, [])
+        if rule is not None and base_i is not None:
+            if rule.compute not in cut_bases:
+                cut_bases[rule.compute] = _state([c.upto(rule.compute) for c in groups[base_i]])
+            base_state = cut_bases[rule.compute]
+            base_seeds = [_fit_of(base_state)] if len(groups[base_i]) == 1 else \
+                [_fit_of(_state([c.upto(rule.compute)])) for c in groups[base_i]]
+        base_fit = _fit_of(base_state) if base_state is not None else None
+
+        def pair_common(i=i, base_state=base_state) -> CommonAFit:
+            if isinstance(states[i], SigmoidFit) or isinstance(base_state, SigmoidFit) or base_state is None:
+                raise FitError("no fit for a common-A refit")
+            return fit_common_A([states[i].data, base_state.data], [states[i], base_state])
+
+        bounds, locked = (rule.bounds, rule.locked) if rule is not None else (None, ())
+        v = _verdict(i, base_i, fits[i], base_fit, pair_common, why,
+                     next((c.untestable for c in group if c.untestable), ""), bounds, locked)
+        recipe = (recipe_verdict(v, fits[i], base_fit, seed_fits[i], base_seeds, used,
+                                 bound=rule.recipe_bound if rule is not None else None)
+                  if base_fit is not None and v.label in (*CATEGORIES, A_NOT_IDENTIFIED) else None)
         seen = (truths[i] is not None and base_i is not None and truths[base_i] is not None
                 and v.label in CATEGORIES and v.resolution is not None)
+        recipe_seen = seen and recipe is not None and recipes[i] is not None and recipes[base_i] is not None
         rows.append(ReportRow(
             rank=r.rank,
             variant=group[0].variant,
@@ -301,22 +362,31 @@ def variant_rows(curves: list[RunCurve], out: Path = Path(".")) -> list[ReportRo
             incomplete=why,
             truth=truths[i],
             expected=expected(truths[i], truths[base_i], v.resolution, v.compute) if seen else None,
-            decisions=tuple(decisions_of(group[0].tags)),
+            decisions=decisions,
+            recipe=recipe,
+            recipe_truth=recipes[i],
+            recipe_expected=(expected(recipes[i], recipes[base_i], recipe.resolution, recipe.compute)
+                             if recipe_seen else None),
+            compared_to=rule.compute if rule is not None else None,
         ))
-    return rows
+    return (rows, used) if with_spread else rows
 
 
-def _verdict(i: int, base_i: int | None, fits: list[SigmoidFit], common, why_incomplete: str,
-             untestable: str) -> Verdict:
+def _fit_of(state) -> SigmoidFit:
+    return state if isinstance(state, SigmoidFit) else state.fit
+
+
+def _verdict(i: int, base_i: int | None, fit: SigmoidFit, base_fit: SigmoidFit | None, common, why_incomplete: str,
+             untestable: str, bounds=None, locked=()) -> Verdict:
     if why_incomplete:
         return Verdict("no verdict", detail=f"incomplete: {why_incomplete}")
     if untestable and i != base_i:
         return Verdict(NOT_TESTABLE, detail=untestable)
     if base_i is None:
-        return verdict(fits[i], None)
+        return verdict(fit, None)
     if i == base_i:
-        return Verdict("base", dA=0.0, dB=0.0, detail="the base recipe") if fits[i].ok else verdict(fits[i], None)
-    return verdict(fits[i], fits[base_i], common=lambda: common([i, base_i]))
+        return Verdict("base", dA=0.0, dB=0.0, detail="the base recipe") if fit.ok else verdict(fit, None)
+    return verdict(fit, base_fit, common=common, bounds=bounds, locked=locked)
 
 
 def _pooled(group: list[RunCurve]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -367,6 +437,26 @@ def _labels(groups: list[list[RunCurve]]) -> list[str]:
 
 def _seeds(row: ReportRow) -> str:
     return f"{row.n_seeds} seeds" if row.n_seeds > 1 else f"run {row.run_id[:8]}"
+
+
+SPREAD_TAG = "ablate.spread_prior"  # the sweep's prior of the between-run spread (JSON: sd_A, sd_B, prior_dof)
+
+
+def _spread_prior(uri: str, parent: str | None) -> Spread:
+    """The prior a sweep tagged on its parent run (sweep.run_sd_A, .run_sd_B, .run_sd_dof), else the default."""
+    if parent is None:
+        return Spread()
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    text = MlflowClient(tracking_uri=uri).get_run(parent).data.tags.get(SPREAD_TAG)
+    try:
+        said = json.loads(text) if text else {}
+        return Spread(sd_A=float(said.get("sd_A", Spread.sd_A)), sd_B=float(said.get("sd_B", Spread.sd_B)),
+                      prior_dof=float(said.get("prior_dof", Spread.prior_dof)))
+    except (TypeError, ValueError):
+        return Spread()
 
 
 def _parent_run(curves: list[RunCurve], experiment: str, uri: str, sweep: str | None) -> str | None:
@@ -425,7 +515,7 @@ def _write_run_csv(rows: list[ReportRow], path: Path) -> Path:
     return path
 
 
-def _write_csv(rows: list[ReportRow], path: Path) -> Path:
+def _write_csv(rows: list[ReportRow], path: Path, spread: Spread = Spread()) -> Path:
     """variants.csv: one row per variant (seeds pooled), the eleven documented columns first, then the rest (rank,
     the common-A refit, the verdict and its resolution, the seeds, the extrapolation check, the truth of mock
     runs); rows in rank order."""
@@ -433,6 +523,12 @@ def _write_csv(rows: list[ReportRow], path: Path) -> Path:
         writer = csv.writer(f)
         writer.writerow(CSV_COLUMNS + CSV_EXTRA)
         for row in rows:
+            r = row.recipe
+            recipe = ([r.label, _csv_num(r.dA), *(_csv_num(x) for x in (r.resolution or (None, None)))]
+                      if r is not None else [""] * 4)
+            recipe += [_csv_num(spread.sd_A), _csv_num(spread.sd_B), spread.source] if r is not None else [""] * 3
+            recipe += [row.recipe_expected.text if row.recipe_expected is not None else "", row.recipe_truth_disagrees,
+                       _csv_num(row.compared_to)]
             fit, v, ex, b_fit = row.fit, row.verdict, row.extrapolation, row.ranked.b_fit
             if fit.ok:
                 numbers = [fit.A, *fit.ci["A"], fit.B, *fit.ci["B"], fit.C_mid, fit.R0, fit.n_points]
@@ -457,5 +553,6 @@ def _write_csv(rows: list[ReportRow], path: Path) -> Path:
                 _csv_num(v.common_A), *(_csv_num(x) for x in res),
                 row.n_seeds, row.label, " ".join(row.run_ids), *(_csv_num(x) for x in ex_numbers),
                 *(_csv_num(x) for x in truth), e.text if e is not None else "", row.truth_disagrees, row.note,
+                *recipe,
             ])
     return path

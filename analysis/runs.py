@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Collection
 
@@ -69,6 +69,11 @@ class RunCurve:
     def c_max(self) -> float:
         """The compute of its last validation point (0 before any)."""
         return float(self.compute.max(initial=0.0))
+
+    def upto(self, compute: float) -> RunCurve:
+        """The same run with its points up to `compute` GPU-hours (what it had logged when it got there)."""
+        keep = self.compute <= compute * (1 + 1e-9)
+        return replace(self, step=self.step[keep], compute=self.compute[keep], pass_rate=self.pass_rate[keep])
 
     @property
     def planned_steps(self) -> int | None:

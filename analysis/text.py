@@ -15,8 +15,8 @@ from pathlib import Path
 
 from analysis.adaptive import gpu_hours_saved, stopped_at
 from analysis.law import CI_LEVEL, fmt_compute
-from analysis.rank import (A_NOT_IDENTIFIED, A_TIE, BASELINE, BOTH, CATEGORIES, MOVES_A, MOVES_B, MOVES_C, NO_CHANGE,
-                           NOT_TESTABLE)
+from analysis.rank import (A_NOT_IDENTIFIED, A_TIE, BASELINE, BOTH, CATEGORIES, CRITICAL, MOVES_A, MOVES_B, MOVES_C,
+                           NO_CHANGE, NOT_TESTABLE)
 from analysis.runs import ALL_SWEEPS, EXTENDED_TAG
 
 WIDTH = 120  # the terminal text's widest line
@@ -35,14 +35,10 @@ def headline(report) -> list[str]:
     lines = [f"{report.experiment}, {scope}: {len(report.rows)} rows from {n_runs} runs ({per}), "
              f"{sum(r.fit.ok for r in report.rows)} fitted."]
     if report.base:
-        counts = {label: 0 for label in CATEGORIES}
-        small = 0
-        for row in report.verdicts:
-            counts[row.verdict.label] += 1
-            small += row.verdict.small
-        said = [f"{n} {label}" for label, n in counts.items() if n]
-        said = [s + (f" ({small} small)" if s.endswith(f" {MOVES_A}") and small else "") for s in said]
-        lines.append(f"Against {report.base}: {', '.join(said) or 'no verdicts'}.")
+        runs = _counts([row.verdict for row in report.verdicts])
+        recipes = _counts([row.recipe for row in report.verdicts if row.recipe is not None])
+        lines.append(f"Against {report.base}: {runs}." + (f" The recipes: {recipes}." if recipes != runs else
+                                                          " The recipes: the same."))
     else:
         lines.append(f"No complete {BASELINE} run: no verdicts against the base recipe.")
     if report.left_out:
@@ -56,18 +52,42 @@ def headline(report) -> list[str]:
     if untestable:
         named = "; ".join(f"{row.label}: {row.verdict.detail}" for row in untestable)
         lines.append(f"No verdict, {NOT_TESTABLE}: {named}.")
-    res, res_c = report.resolution, report.compute_resolution
+    res, res_c, res_r = report.resolution, report.compute_resolution, report.recipe_resolution
     if res is not None:
-        compute = (f", and compute to reach a common reward {_res_c(res_c)}," if res_c is not None else "")
-        lines.append(f"Resolution: changes of {_res_a(res[0])} and {_res_b(res[1])}{compute} are found 9 times in 10 "
-                     "(median over the verdicts; each verdict's own is with it). \"No detectable change\" means: "
-                     "none at that resolution.")
+        compute = (f", compute to reach a common reward {_res_c(res_c)}" if res_c is not None else "")
+        recipes = (f"; between the recipes, {_res_a(res_r[0])} and {_res_b(res_r[1])} (the spread between runs of one "
+                   f"recipe added: {report.spread.source})" if res_r is not None else "")
+        lines.append(f"Resolution, found 9 times in 10 (median over the verdicts): between these runs "
+                     f"{_res_a(res[0])}, {_res_b(res[1])}{compute}{recipes}. \"No detectable change\" means: none at "
+                     "that resolution.")
     if report.has_truth:
-        judged = [row for row in report.rows if row.expected is not None]
-        wrong = [row.label for row in judged if row.truth_disagrees]
-        lines.append(f"Mock runs, known truth: {len(judged) - len(wrong)} of {len(judged)} verdicts agree with it"
-                     + (f" (not: {', '.join(wrong)})" if wrong else "") + "; the truth is beside each fit below.")
+        lines.append(truth_line(report))
     return lines
+
+
+def _counts(verdicts) -> str:
+    """ "2 moves A (1 small), 1 moves B" over CATEGORIES, or "no verdicts"."""
+    counts = {label: 0 for label in CATEGORIES}
+    small = 0
+    for v in verdicts:
+        counts[v.label] += v.label in counts
+        small += v.small
+    said = [f"{n} {label}" for label, n in counts.items() if n]
+    said = [s + (f" ({small} small)" if s.endswith(f" {MOVES_A}") and small else "") for s in said]
+    return ", ".join(said) or "no verdicts"
+
+
+def truth_line(report) -> str:
+    """ "Mock runs, known truth: 8 of 8 verdicts agree with it, about the recipes 8 of 8 (not: ...)." """
+    judged = [row for row in report.rows if row.expected is not None]
+    wrong = [row.label for row in judged if row.truth_disagrees]
+    recipes = [row for row in report.rows if row.recipe_expected is not None]
+    wrong_r = [row.label for row in recipes if row.recipe_truth_disagrees]
+    about = (f"; about the recipes {len(recipes) - len(wrong_r)} of {len(recipes)}"
+             + (f" (not: {', '.join(wrong_r)})" if wrong_r else "") if recipes else "")
+    return (f"Mock runs, known truth: {len(judged) - len(wrong)} of {len(judged)} verdicts agree with it"
+            + (f" (not: {', '.join(wrong)})" if wrong else "") + about
+            + "; the truth is beside each fit in the report.")
 
 
 def _scope(report) -> str:
@@ -137,6 +157,65 @@ def ranked_table(report) -> str:
     return md_table(TABLE_HEADERS, table_cells(report.rows))
 
 
+# the terminal's table (at most WIDTH columns): the verdicts about these runs and about the recipes; the changes and
+# resolutions go on one line a verdict below it (summary_lines)
+TERMINAL_HEADERS = ["#", "variant", "A [90% CI]", "B own fit [90% CI]", "these runs", "the recipes"]
+
+
+def terminal_cells(rows) -> list[list[str]]:
+    out = []
+    for row, cells in zip(rows, table_cells(rows)):
+        recipe = (row.recipe.text if row.recipe is not None and row.recipe.label in (*CATEGORIES, A_NOT_IDENTIFIED)
+                  else "base" if row.verdict.label == "base" else "")
+        out.append([*cells[:4], cells[6], recipe])
+    return out
+
+
+def summary_lines(report) -> list[str]:
+    """One line a verdict: the changes (z), then the resolution between these runs and between the recipes."""
+    lines = []
+    for row in report.rows:
+        v, r = row.verdict, row.recipe
+        if v.label not in (*CATEGORIES, A_NOT_IDENTIFIED):
+            continue
+        parts = [f"ΔA {v.dA:+.3f} (z {v.claims['A'].z:+.1f})" if v.A_identified and "A" in v.claims else
+                 "A not identified yet"]
+        parts.append(f"ΔB {v.dB:+.2f} {'at A ' + format(v.common_A, '.3f') if v.common_A is not None else 'own fits'}"
+                     + (f" (z {v.claims['B'].z:+.1f})" if "B" in v.claims else ""))
+        if v.compute is not None:
+            parts.append(f"compute {v.compute.ratio:.2f}x")
+        res = "resolves " + _short_res(v, r if r is not None and r.resolution else None)
+        lines.append(f"{row.label}: {', '.join(parts)}{_where(row)}; {res}")
+    return lines
+
+
+def _where(row) -> str:
+    """An adaptive sweep's run: " (stopped at step 20 of 40, 8,000 GPU-h saved; vs scalerl cut at 8,000 GPU-h)"."""
+    if not row.decisions:
+        return ""
+    tags = row.curves[0].tags
+    stop = stopped_at(tags)
+    said = (f"stopped at step {stop.step} of {stop.steps}, {fmt_compute(gpu_hours_saved(stop))} GPU-h saved"
+            if stop is not None else f"extended from step {tags[EXTENDED_TAG]}" if EXTENDED_TAG in tags
+            else "ran its budget")
+    cut = f"; vs {BASELINE} cut at {fmt_compute(row.compared_to)} GPU-h" if row.compared_to is not None else ""
+    return f" ({said}{cut})"
+
+
+def _short_res(v, recipes=None) -> str:
+    """ "|ΔA| 0.016 (recipes 0.082), |ΔB| 0.50": the resolution between these runs, and between the recipes where
+    it differs (a side not resolved: "ΔA open")."""
+    out = []
+    for k, name, digits in ((0, "ΔA", 3), (1, "ΔB", 2)):
+        x = v.resolution[k]
+        text = f"|{name}| {x:.{digits}f}" if math.isfinite(x) else f"{name} open"
+        y = recipes.resolution[k] if recipes is not None else x
+        if f"{y:.{digits}f}" != f"{x:.{digits}f}":
+            text += f" (recipes {y:.{digits}f})" if math.isfinite(y) else " (recipes open)"
+        out.append(text)
+    return ", ".join(out)
+
+
 # --- per variant: the verdict with its resolution, and the notes -------------------------------------------------
 
 
@@ -154,6 +233,12 @@ def verdict_lines(report) -> list[str]:
             text += f" (resolution {v.resolution_text})"
         if v.detail:
             text += f". {v.detail[0].upper()}{v.detail[1:]}"
+        if row.compared_to is not None:
+            text += (f". Held to the adaptive sweep's test where it stopped, beside {BASELINE} cut at "
+                     f"{fmt_compute(row.compared_to)} GPU-h")
+        r = row.recipe
+        if r is not None and r.resolution:
+            text += f". About the recipes: {r.text} (resolution {r.resolution_text}); {r.detail}"
         lines.append(text + ".")
     return lines
 
@@ -184,7 +269,8 @@ def note_lines(report) -> list[str]:
 # --- the known truth of mock runs --------------------------------------------------------------------------------
 
 TRUTH_HEADERS = ["variant", "A fit", "A true", "ΔA fit", "ΔA true", "B fit", "B true", "ΔB fit", "ΔB true",
-                 "compute fit", "compute true", "truth says", "verdict agrees"]
+                 "compute fit", "compute true", "truth says", "verdict agrees", "recipes: ΔA true",
+                 "recipes: truth says", "recipe verdict agrees"]
 # the terminal's (at most WIDTH columns): the fitted ΔA and ΔB are in the ranked table above it
 TERMINAL_TRUTH = ["variant", "A fit", "A true", "ΔA true", "B fit", "B true", "ΔB true", "compute true",
                   "truth says", "verdict agrees"]
@@ -214,6 +300,10 @@ def truth_cells(report, headers: list[str] = TRUTH_HEADERS) -> list[list[str]]:
             "compute true": f"{math.exp(e.dlnC):.2f}x" if judged and e.dlnC is not None else "",
             "truth says": e.text if judged else "",
             "verdict agrees": ("no: " + row.truth_disagrees if row.truth_disagrees else "yes") if judged else "",
+            "recipes: ΔA true": f"{row.recipe_expected.dA:+.3f}" if row.recipe_expected is not None else "",
+            "recipes: truth says": row.recipe_expected.text if row.recipe_expected is not None else "",
+            "recipe verdict agrees": (("no: " + row.recipe_truth_disagrees if row.recipe_truth_disagrees else "yes")
+                                      if row.recipe_expected is not None else ""),
         }
         cells.append([cell[h] for h in headers])
     return cells
@@ -227,7 +317,8 @@ TRUTH_NOTE = ("Truth: the mock's params (mock.run.A: the runs' A, averaged over 
               "variant's B; compute: the law's compute to reach the verdict's R*, over the base's). Truth says what "
               "the verdict must find (\"moved\": the true change is at least the verdict's resolution) and must not "
               "claim (\"unmoved\": no change); changes below the resolution are left out: either verdict is right. "
-              "A compute change need not be named where A or B moved (they move it too).")
+              "A compute change need not be named where A or B moved (they move it too). The recipes' truth is the "
+              "variant's law before any run's own draw of A (mock.truth.A): what a recipe-level verdict is judged by.")
 
 
 # --- the terminal text -------------------------------------------------------------------------------------------
@@ -274,27 +365,26 @@ def adaptive_total(report) -> str:
 
 
 def terminal_text(report) -> str:
-    """The headline, the ranked table, then the verdicts with their resolution and the notes (every line at most
-    WIDTH characters; a variant name too long for the table makes its row longer), then the truth of mock runs."""
+    """What a sweep prints when it ends, on one screen: the headline, the ranked table with the verdicts about these
+    runs and about the recipes, one line a verdict (its changes and resolutions), the adaptive sweep's total (every
+    line at most WIDTH characters; a variant name too long for the table makes its row longer). The reasoning (each
+    verdict's intervals and tests, the ties, the fit notes, the truth table) is in report.md and report.html."""
     lines = [wrapped for line in headline(report) for wrapped in _wrap(line)]
-    lines += ["", ranked_table(report), ""]
-    lines += [w for line in verdict_lines(report) for w in _wrap(line, "- ")]
-    notes = note_lines(report)
-    if notes:
-        lines += ["", "Notes:"] + [w for line in notes for w in _wrap(line, "- ")]
-    adaptive = adaptive_cells(report)
-    if adaptive:
-        lines += ["", "Adaptive sweep:", md_table(ADAPTIVE_HEADERS, adaptive), *_wrap(adaptive_total(report))]
-    if report.has_truth:
-        lines += ["", "Known truth (generator=mock):", truth_table(report, TERMINAL_TRUTH)]
-        lines += _wrap(TRUTH_NOTE)
+    lines += ["", md_table(TERMINAL_HEADERS, terminal_cells(report.rows)), ""]
+    lines += [w for line in summary_lines(report) for w in _wrap(line, "- ")]
+    total = adaptive_total(report)
+    if total:
+        lines += [""] + _wrap(total)
+    lines += [""] + _wrap("Each verdict's tests, the ties, the fits' notes"
+                          + (" and the known truth" if report.has_truth else "") + ": report.md and report.html.")
     return "\n".join(lines)
 
 
 # --- report.md and report.html -----------------------------------------------------------------------------------
 
 FULL_HEADERS = ["rank", "variant", "seeds", "A [90% CI]", "B own fit [90% CI]", "C_mid GPU-h [90% CI]",
-                f"ΔA vs {BASELINE}", "ΔB as compared", "verdict", "resolution", "status"]
+                f"ΔA vs {BASELINE}", "ΔB as compared", "verdict", "resolution", "the recipes", "resolution (recipes)",
+                "status"]
 
 
 def full_cells(rows) -> list[list[str]]:
@@ -303,8 +393,10 @@ def full_cells(rows) -> list[list[str]]:
         fit = row.fit
         c_mid = (f"{fmt_compute(fit.C_mid)} [{fmt_compute(fit.ci['C_mid'][0])}, {fmt_compute(fit.ci['C_mid'][1])}]"
                  if fit.ok else "")
+        r = row.recipe
+        recipe = [r.text, r.resolution_text] if r is not None and r.resolution else ["", ""]
         cells.append([short[0], short[1], str(row.n_seeds), short[2], short[3], c_mid, short[4], short[5],
-                      short[6], row.verdict.resolution_text, row.status])
+                      short[6], row.verdict.resolution_text, *recipe, row.status])
     return cells
 
 
@@ -324,18 +416,25 @@ def method_paragraphs() -> list[str]:
         "refitted together with one common A (a shared parameter, so its uncertainty widens every B interval) and "
         "ranked by their B at it, unless the data fit one common A poorly (its likelihood-ratio test has p < 0.5): "
         "then by their own B. Overlapping B intervals are a tie (same rank).",
-        f"Verdict against {BASELINE}: \"{MOVES_A}\" when the A intervals do not overlap, \"small\" when the change "
-        f"is below the paper's {A_TIE} (its margin between runs of one recipe: the intervals hold one curve's "
-        f"noise, a seed tells the rest); \"{MOVES_B}\" when the B intervals compared do not overlap; \"{BOTH}\"; "
-        f"\"{MOVES_C}\" when neither moved but the compute each run needs to reach a reward both reach (R*: the "
-        f"smaller of the two fits' rewards at the middle of their fitted compute, in log C; its interval from the "
-        f"fit's posterior draws) differs, intervals apart: at a common A and B that ratio is the ratio of their "
-        f"C_mid (a deviation: the paper compares A and B); else \"{NO_CHANGE}\". The B compared: where A moved, "
-        "each run's own fit (a B at a common A would carry the A difference); where A is indistinguishable, both "
-        "refitted with a common A (the paper's method), unless a common A fits poorly. Each verdict gives its "
-        "resolution: the smallest |ΔA| and |ΔB| its comparison finds 9 times in 10, and the compute ratio. Runs "
-        "that did not finish their configured steps get no verdict, nor do variants whose axis the sweep marks as "
-        "not testable at its scale.",
+        f"Verdict against {BASELINE}: each claim is a z-test, the change over the standard error the two fits' "
+        f"intervals give it (their facing sides), held to {CRITICAL:.2f} (a false claim 2 times in 100: the rule "
+        f"\"the 90% intervals apart\" for two equally wide ones), or to an adaptive sweep's boundary at the look "
+        f"it stopped. \"{MOVES_A}\" when A's is made, \"small\" when the change is below the paper's {A_TIE}; "
+        f"\"{MOVES_B}\" when B's is; \"{BOTH}\"; \"{MOVES_C}\" when neither is but the compute each run needs to "
+        f"reach a reward both reach (R*: the smaller of the two fits' rewards at the middle of their fitted compute, "
+        f"in log C; its interval from the fit's posterior draws) differs: at a common A and B that ratio is the "
+        f"ratio of their C_mid (a deviation: the paper compares A and B); else \"{NO_CHANGE}\". The B compared: "
+        "where A moved, each run's own fit (a B at a common A would carry the A difference); where A is "
+        "indistinguishable, both refitted with a common A (the paper's method), unless a common A fits poorly. "
+        "Each verdict gives its resolution: the smallest |ΔA| and |ΔB| its comparison finds 9 times in 10, and the "
+        "compute ratio. Runs that did not finish their configured steps get no verdict, nor do variants whose axis "
+        "the sweep marks as not testable at its scale.",
+        "These runs, or the recipes: the verdict above is about these runs (do they differ?). Two runs of one "
+        "recipe differ too, by a spread between runs that one curve's intervals do not hold; the verdict about the "
+        "recipes adds it: each seed fitted alone (own fits, A and B), the seeds of a variant combined with the "
+        "spread as a random effect, the same test. The spread comes from replicate seeds where the sweep has them "
+        "(sweep.seeds, sweep.base_seeds), combined with a stated prior (the paper's three runs of one recipe, A "
+        "within +-0.015: an sd of 0.015, 2 degrees of freedom; sweep.run_sd_A).",
     ]
 
 
@@ -425,7 +524,7 @@ def _html_table(headers: list[str], rows_cells: list[list[str]], classes: list[s
         tds = []
         for i, c in enumerate(cells):
             cls = ' class="num"' if i in num_cols else ""
-            if headers[i] == "verdict" and c.split(" (")[0] in (MOVES_A, MOVES_B, BOTH, MOVES_C):
+            if headers[i] in ("verdict", "the recipes") and c.split(" (")[0] in (MOVES_A, MOVES_B, BOTH, MOVES_C):
                 cls = f' class="v-{c.split(" (")[0].replace(" ", "")}"'
             tds.append(f"<td{cls}>{esc(c)}</td>")
         body.append(f"<tr{klass}>{''.join(tds)}</tr>")

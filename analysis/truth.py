@@ -1,7 +1,8 @@
 """The known truth of mock runs (generator=mock), and what it says a verdict should be at a sweep's resolution.
 
 `run_truth`: the law the pooled seeds of a variant follow, from the params the mock logs (`mock.truth.A`, `.B`,
-`.C_mid`, `.R0`, and `mock.run.A`, this run's A; ablate/generators/mock.py). `expected`: per parameter, "moved" (at
+`.C_mid`, `.R0`, and `mock.run.A`, this run's A; ablate/generators/mock.py); `recipe_truth`: the variant's own law,
+what a recipe-level verdict is judged by. `expected`: per parameter, "moved" (at
 or above the verdict's resolution: must be found), "unmoved" (must not be claimed) or "either" (below it);
 `Expected.judge` says why a verdict is wrong, or "". The rules: docs/fitting.md#the-mocks-truth.
 """
@@ -21,13 +22,24 @@ PARAMS = ("mock.truth.A", "mock.truth.B", "mock.truth.C_mid", "mock.truth.R0", "
 def run_truth(params_of_seeds: Sequence[dict]) -> Truth | None:
     """The law the pooled curves of one variant follow (A: the mean of the runs' A); None unless every seed is a
     mock run with its truth logged."""
+    return _truth(params_of_seeds, recipe=False)
+
+
+def recipe_truth(params_of_seeds: Sequence[dict]) -> Truth | None:
+    """The law of the variant's recipe (mock.truth.*: before any run's own draw of A); None unless every seed is a
+    mock run with its truth logged."""
+    return _truth(params_of_seeds, recipe=True)
+
+
+def _truth(params_of_seeds: Sequence[dict], recipe: bool) -> Truth | None:
     if not params_of_seeds or not all(all(k in p for k in PARAMS) for p in params_of_seeds):
         return None
     first = params_of_seeds[0]
     try:
         run_A = [float(p["mock.run.A"]) for p in params_of_seeds]
-        return Truth(A=sum(run_A) / len(run_A), B=float(first["mock.truth.B"]),
-                     C_mid=float(first["mock.truth.C_mid"]), R0=float(first["mock.truth.R0"]))
+        return Truth(A=float(first["mock.truth.A"]) if recipe else sum(run_A) / len(run_A),
+                     B=float(first["mock.truth.B"]), C_mid=float(first["mock.truth.C_mid"]),
+                     R0=float(first["mock.truth.R0"]))
     except ValueError:
         return None
 

@@ -181,3 +181,30 @@ def test_a_mock_sweep_report_is_complete_and_attached(sweeps, reports):
     names = {Path(a.path).name for a in client.list_artifacts(parent, "report")}
     assert {"fits.csv", "report.md", "report.html", "params.png", "linearized.png"} <= names
     assert report.html.read_text().count("data:image/png;base64,") == 3 + len(report.rows)
+
+
+def test_the_recipe_level_adds_the_spread_the_seeds_measure_and_is_right_on_the_recipes_truth(sweeps, reports):
+    """The pooled report (three seeds of every variant) measures the spread between runs of one recipe from its
+    seeds (9 variants x 2 degrees of freedom, with the prior's 2): below the prior's 0.015 (the mock's runs spread by
+    0.006, less than these 21-point runs' own errors of A, so the seeds' moment may read 0); each variant's
+    recipe-level verdict is judged by the recipes' own law (mock.truth.*), none wrong;
+    and a one-seed report has only the prior, so its recipe-level resolution on A is wider than its run-level one."""
+    per_sweep, pooled = reports
+    spread = pooled.spread
+    assert spread.dof == 18 and spread.prior_dof == 2.0 and "replicate seeds (18 dof" in spread.source
+    assert spread.seeds_sd_A < 0.010 and spread.sd_A < 0.015
+    assert spread.sd_A == pytest.approx(math.sqrt((2 * 0.015**2 + 18 * spread.seeds_sd_A**2) / 20), rel=1e-9)
+    judged = [row for row in pooled.verdicts if row.recipe_expected is not None]
+    assert len(judged) == 8 and not [row.label for row in judged if row.recipe_truth_disagrees]
+    for row in judged:  # the recipes' truth is the variant's law, the same for every seed
+        assert row.recipe_truth.A == pytest.approx(MOCK["truth"]["A"] + MOCK["effects"].get(
+            f"{row.curve.axis}={row.curve.choice}", {}).get("A", 0.0))
+    one = per_sweep[0]
+    assert one.spread.dof == 0 and one.spread.sd_A == 0.015
+    assert all(row.recipe.resolution[0] > row.verdict.resolution[0] for row in one.verdicts)
+    with open(pooled.variants_csv) as f:
+        import csv
+
+        rows = {r["variant"]: r for r in csv.DictReader(f)}
+    assert rows["loo-fp32"]["verdict_recipe"] in ("moves A", "moves A and B") and rows["scalerl"]["verdict"] == "base"
+    assert float(rows["loo-dapo"]["spread_sd_A"]) == pytest.approx(spread.sd_A, rel=1e-5)

@@ -259,14 +259,20 @@ def test_failed_truncated_and_running_runs_are_named_in_the_headline_and_get_no_
     assert "No verdict, not testable at this scale: loo-fp32: the model computes in fp32 anyway." in head
 
 
-def test_terminal_table_fits_120_columns_with_the_notes_below(report):
+def test_the_terminal_summary_fits_a_screen_one_line_a_verdict(report):
+    """At most 120 columns and one screen: the headline, the table with the verdicts about these runs and about the
+    recipes, one line a verdict (its changes and resolutions); the reasoning stays in report.md."""
     lines = report.table_md.splitlines()
-    assert max(len(line) for line in lines) <= 120
+    assert max(len(line) for line in lines) <= 120 and len(lines) <= 45
     table = [line for line in lines if line.startswith("|")]
-    assert table[0] == "| # | variant | A [90% CI] | B own fit [90% CI] | ΔA vs scalerl | ΔB as compared | verdict |"
+    assert table[0] == "| # | variant | A [90% CI] | B own fit [90% CI] | these runs | the recipes |"
     assert len(table) == 2 + len(report.rows)
-    below = "\n".join(lines[lines.index(table[-1]) + 1:])
-    assert "loo-npr: moves A (small) (resolution |ΔA| >= 0.0" in below and "Notes:" in below
+    below = " ".join(" ".join(lines[lines.index(table[-1]) + 1:]).split())  # unwrapped
+    npr = below.split("- loo-npr: ")[1].split(" - ")[0]
+    assert npr.startswith("ΔA -0.0") and "resolves |ΔA| 0.0" in npr and "(recipes 0.0" in npr
+    assert "Notes:" not in below and "report.md and report.html" in below
+    md = report.markdown.read_text()
+    assert "loo-npr: moves A (small) (resolution |ΔA| >= 0.0" in md and "About the recipes:" in md
 
 
 def test_report_files_are_complete(report):

@@ -44,8 +44,8 @@ def _render(page: Path, screenshot: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def adaptive_report(tmp_path_factory):
-    """A sweep's report where an adaptive sweep stopped one variant at rung 1 (its decision made by the rule, on
-    these curves), one ran its budget beside the base recipe."""
+    """A sweep's report where an adaptive sweep stopped one variant at its first look, half its budget (its decision
+    made by the rule, on these curves), one ran its budget beside the base recipe."""
     root = tmp_path_factory.mktemp("browser")
     uri = f"sqlite:///{root}/mlflow.db"
     client = MlflowClient(tracking_uri=uri)
@@ -55,12 +55,12 @@ def adaptive_report(tmp_path_factory):
     steps = (("train.steps", "1600"),)
     _log_variant(client, exp, parent, Variant("scalerl", 0.61, 1.9, 2542.0, params=steps), 0)
     _log_variant(client, exp, parent, Variant("loo-savg", 0.58, 1.9, 2542.0, params=steps), 1)
-    stopped = _log_variant(client, exp, parent, Variant("loo-dapo", 0.45, 4.0, 2542.0, last_step=400, params=steps), 2)
+    stopped = _log_variant(client, exp, parent, Variant("loo-dapo", 0.45, 4.0, 2542.0, last_step=800, params=steps), 2)
     curves = {c.variant: c for c in load_runs("adaptive", uri)}
     base, far = (Curve(c.step, c.compute, c.pass_rate) for c in (curves["scalerl"], curves["loo-dapo"]))
-    decision = decide(far, base, rung=1, step=400, steps=1600)
+    decision = decide(far, base, rung=1, step=800, steps=1600)
     assert decision.stop
-    for key, value in {"ablate.rung.1": decision.to_json(), SETTLED_TAG: "400",
+    for key, value in {"ablate.rung.1": decision.to_json(), SETTLED_TAG: "800",
                        END_REASON_TAG: decision.summary()}.items():
         client.set_tag(stopped, key, value)
     client.set_terminated(parent, "FINISHED")
@@ -69,7 +69,9 @@ def adaptive_report(tmp_path_factory):
 
 def test_the_html_report_renders_in_a_browser_with_every_image_and_no_script_error(adaptive_report, tmp_path):
     page = adaptive_report.html
-    assert "What the adaptive sweep did" in page.read_text() and "rung 1, step 400 of 1600" in page.read_text()
+    text = page.read_text()
+    assert "What the adaptive sweep did" in text and "rung 1, step 800 of 1600" in text
+    assert "<th>the recipes</th>" in text and "resolution (recipes)" in text  # the verdicts about the recipes
     artifacts = Path(os.environ.get("ABLATE_TEST_ARTIFACTS", REPO / "test-artifacts"))
     artifacts.mkdir(parents=True, exist_ok=True)
     shot = artifacts / "report.png"
