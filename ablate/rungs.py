@@ -16,10 +16,10 @@ from typing import Callable
 
 from omegaconf import DictConfig
 
-from analysis.adaptive import (CONFIDENCE, FORECASTS, GO, RUNG_TAG, RUNGS, STOP, Curve, Decision, decide,
+from analysis.adaptive import (FUTILITY, GO, RUNG_TAG, RUNGS, STOP, Curve, Decision, check_rule, decide,
                                decisions_of, rung_steps)
 from analysis.law import fmt_compute
-from analysis.rank import BASELINE
+from analysis.rank import ALPHA, BASELINE
 from analysis.runs import END_REASON_TAG, SETTLED_TAG, load_curve
 
 POLL_S = 10.0
@@ -29,10 +29,12 @@ def check_settings(sweep: DictConfig, steps: int) -> None:
     """An adaptive sweep's settings, before anything is submitted (a bad one would fail every job at its first
     rung): one ValueError naming the key."""
     rung_steps(steps, list(sweep.rungs))
-    if not 0.5 < float(sweep.confidence) <= 1.0:
-        raise ValueError(f"sweep.confidence={sweep.confidence}: the share of forecasts that must agree, in (0.5, 1]")
-    if int(sweep.forecasts) < 1:
-        raise ValueError(f"sweep.forecasts={sweep.forecasts}: at least 1 forecast a decision")
+    check_rule(float(sweep.alpha), float(sweep.futility), _margin(sweep))
+
+
+def _margin(sweep) -> float | None:
+    margin = sweep.get("margin_A")
+    return None if margin is None else float(margin)
 
 
 class Rungs:
@@ -48,8 +50,8 @@ class Rungs:
         self.steps = int(cfg.train.steps)
         self.rungs = rung_steps(self.steps, list(sweep.get("rungs", RUNGS))) if self.active else []
         self.run_id, self.tracker, self.seed = run_id, tracker, int(cfg.seed)
-        self.confidence = float(sweep.get("confidence", CONFIDENCE))
-        self.forecasts = int(sweep.get("forecasts", FORECASTS))
+        self.alpha, self.futility = float(sweep.get("alpha", ALPHA)), float(sweep.get("futility", FUTILITY))
+        self.margin_A = _margin(sweep)
         self.wait_s = 60.0 * float(sweep.get("base_wait_min", 120.0))
         self.poll_s, self.clock, self.sleep = poll_s, clock, sleep
         self.is_base = self.runs.get(BASELINE) == run_id
@@ -67,7 +69,8 @@ class Rungs:
             decision = logged[rung]
         else:
             self.tracker.flush()  # every point up to this step is in the store before the curve is read
-            decision = self._base_decides(rung, step) if self.is_base else self._variant_decides(rung, step)
+            history = list(logged.values())
+            decision = self._base_decides(rung, step) if self.is_base else self._variant_decides(rung, step, history)
             tags = {RUNG_TAG.format(k=rung): decision.to_json()}
             if decision.stop:
                 tags |= {SETTLED_TAG: str(step), END_REASON_TAG: decision.summary()}
@@ -80,7 +83,7 @@ class Rungs:
         return Decision(rung=rung, step=step, steps=self.steps, compute=compute, decision=decision, verdict=verdict,
                         reason=reason)
 
-    def _variant_decides(self, rung: int, step: int) -> Decision:
+    def _variant_decides(self, rung: int, step: int, history: list[Decision]) -> Decision:
         client = self.tracker.client
         mine = load_curve(client, self.run_id)
         c_rung = float(mine.compute[mine.step <= step].max(initial=0.0))
@@ -99,8 +102,8 @@ class Rungs:
             return self._said(rung, step, c_rung, GO, "", f"undecided: the base recipe ended ({base.status}) at "
                                                           f"{fmt_compute(base.c_max)} GPU-h, short of this compute")
         return decide(Curve(mine.step, mine.compute, mine.pass_rate), Curve(base.step, base.compute, base.pass_rate),
-                      rung=rung, step=step, steps=self.steps, confidence=self.confidence, forecasts=self.forecasts,
-                      seed=self.seed * 1000 + rung)
+                      rung=rung, step=step, steps=self.steps, history=history, alpha=self.alpha,
+                      futility=self.futility, margin_A=self.margin_A)
 
     def _base_decides(self, rung: int, step: int) -> Decision:
         client = self.tracker.client

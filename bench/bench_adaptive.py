@@ -10,7 +10,8 @@ it: docs/fitting.md#the-adaptive-sweep.
 
     python bench/bench_adaptive.py --seeds 20               # the calibration table (~10 min on 2 cores)
     python bench/bench_adaptive.py --seeds 20 --folder DIR  # keep the sweeps in DIR; a second call reuses them
-    python bench/bench_adaptive.py --confidence 0.9         # another rule, on the same sweeps
+    python bench/bench_adaptive.py --futility 0.2           # another rule setting, on the same sweeps
+    python bench/bench_adaptive.py --margin-A 0.03          # with a declared margin on A
     python bench/bench_adaptive.py --settle-json bench/adaptive_settle.json  # where each variant settled, for
                                                             # bench_cluster.py's prediction at paper scale
 """
@@ -30,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis.adaptive import CONFIDENCE  # noqa: E402
+from analysis.adaptive import FUTILITY  # noqa: E402
 
 EXPERIMENT = "adaptive-bench"
 FIXED_CUTS = (0.25, 0.5)
@@ -60,11 +61,11 @@ def run_sweeps(folder: Path, seeds: range, jobs: int, extra: list[str]) -> None:
                 running.remove((seed, proc))
 
 
-def replay(curves: list, confidence: float, forecasts: int, fractions: list[float]) -> dict:
+def replay(curves: list, futility: float, margin_A: float | None, fractions: list[float]) -> dict:
     """One sweep's curves (analysis.runs.RunCurve), full and adaptive: verdicts, judgements, GPU-hours, rungs."""
     import numpy as np
 
-    from analysis.adaptive import Curve, decide, rung_steps
+    from analysis.adaptive import RUNG_TAG, Curve, decide, rung_steps
     from analysis.report import variant_rows
     from analysis.runs import SETTLED_TAG
 
@@ -74,24 +75,31 @@ def replay(curves: list, confidence: float, forecasts: int, fractions: list[floa
     (base,) = [c for c in curves if c.variant == "scalerl"]
     steps = base.planned_steps
     rungs = rung_steps(steps, fractions)
-    stops, reasons = {}, {}
+    stops, looked = {}, {}
     for c in curves:
         if c is base:
             continue
+        history = []
         for k, step in enumerate(rungs, 1):
-            d = decide(as_curve(c), as_curve(base), rung=k, step=step, steps=steps, confidence=confidence,
-                       forecasts=forecasts, seed=k)
+            d = decide(as_curve(c), as_curve(base), rung=k, step=step, steps=steps, history=history,
+                       futility=futility, margin_A=margin_A)
+            history.append(d)
             if d.stop:
-                stops[c.variant], reasons[c.variant] = (k, step), d.reason
+                stops[c.variant] = (k, step)
                 break
+        looked[c.variant] = history
     base_end = max(step for _, step in stops.values())
 
     def cut(c, step: int):
+        """The run as the adaptive sweep leaves it: its points to where it stopped, its decisions as tags (the
+        report holds it to the rule's own test)."""
+        tags = {**c.tags, **{RUNG_TAG.format(k=d.rung): d.to_json() for d in looked.get(c.variant, [])
+                             if d.step < steps}}
         if step >= steps:
-            return c
+            return replace(c, tags=tags)
         keep = c.step <= step
         return replace(c, step=c.step[keep], compute=c.compute[keep], pass_rate=c.pass_rate[keep], last_step=step,
-                       tags={**c.tags, SETTLED_TAG: str(step)})
+                       tags={**tags, SETTLED_TAG: str(step)})
 
     adaptive = [cut(c, base_end if c is base else stops[c.variant][1]) for c in curves]
 
@@ -114,10 +122,10 @@ def replay(curves: list, confidence: float, forecasts: int, fractions: list[floa
 
 
 def _replay_sweep(args) -> tuple[str, dict]:
-    uri, sweep, confidence, forecasts, fractions = args
+    uri, sweep, futility, margin_A, fractions = args
     from analysis.runs import load_runs
 
-    return sweep, replay(load_runs(EXPERIMENT, uri, sweep=sweep), confidence, forecasts, fractions)
+    return sweep, replay(load_runs(EXPERIMENT, uri, sweep=sweep), futility, margin_A, fractions)
 
 
 def binomial_ci(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -135,17 +143,15 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--jobs", type=int, default=2, help="sweeps (and replays) side by side")
     parser.add_argument("--folder", type=Path, help="where the sweeps' store is kept (default: a temporary one)")
-    parser.add_argument("--confidence", type=float, default=None)
-    parser.add_argument("--forecasts", type=int, default=None)
-    parser.add_argument("--rungs", default="0.25,0.5,1", help="fractions of the budget, comma-separated")
+    parser.add_argument("--futility", type=float, default=FUTILITY, help="sweep.futility")
+    parser.add_argument("--margin-A", type=float, default=None, help="sweep.margin_A")
+    parser.add_argument("--rungs", default=",".join(f"{k / 8:g}" for k in range(1, 9)),
+                        help="fractions of the budget, comma-separated")
     parser.add_argument("--settle-json", type=Path, help="write, per variant, how many sweeps it settled at each rung")
     parser.add_argument("extra", nargs="*", help="overrides for every sweep, e.g. train.steps=100")
     args = parser.parse_args()
-    from analysis import adaptive
     from analysis.runs import load_runs
 
-    confidence = args.confidence or adaptive.CONFIDENCE
-    forecasts = args.forecasts or adaptive.FORECASTS
     folder = args.folder or Path(tempfile.mkdtemp(prefix="bench-adaptive-"))
     folder.mkdir(parents=True, exist_ok=True)
     uri = f"sqlite:///{folder.resolve()}/mlflow.db"
@@ -157,7 +163,7 @@ def main() -> None:
     sweeps = sorted({c.sweep for c in load_runs(EXPERIMENT, uri) if f"seed={c.params.get('seed')}" in wanted})
     with ProcessPoolExecutor(args.jobs) as pool:
         fractions = [float(f) for f in args.rungs.split(",")]
-        results = dict(pool.map(_replay_sweep, [(uri, s, confidence, forecasts, fractions) for s in sweeps]))
+        results = dict(pool.map(_replay_sweep, [(uri, s, args.futility, args.margin_A, fractions) for s in sweeps]))
     replayed = time.perf_counter() - started - swept
 
     n = right_full = right_adaptive = agree = 0
@@ -186,8 +192,9 @@ def main() -> None:
 
     import numpy as np
 
-    print(f"\n{len(results)} mock sweeps (seeds 0-{args.seeds - 1}); rule: stop when the verdict now is the verdict of "
-          f">= {confidence:.0%} of {forecasts} forecasts to the full budget, never before A is identified; rungs "
+    print(f"\n{len(results)} mock sweeps (seeds 0-{args.seeds - 1}); rule: each claim a group-sequential test "
+          f"(Lan-DeMets O'Brien-Fleming spending of 0.02), settled unmade below a predictive {args.futility}"
+          + (f", A within +-{args.margin_A}" if args.margin_A else "") + f"; never before A is identified; rungs "
           f"{args.rungs}")
     print("| sweep | verdicts right (truth's yardstick) | median resolution ΔA | GPU-hours (all runs) |")
     print("|---|---|---|---|")
@@ -219,7 +226,8 @@ def write_settled(path: Path, results: dict, fractions: list[float], args) -> No
             k = r["rungs"].get(variant, len(fractions))
             counts.setdefault(variant, [0] * len(fractions))[k - 1] += 1
         counts.setdefault("scalerl", [0] * len(fractions))[r["base_rung"] - 1] += 1
-    path.write_text(json.dumps({"rungs": fractions, "sweeps": len(results), "confidence": args.confidence or CONFIDENCE,
+    path.write_text(json.dumps({"rungs": fractions, "sweeps": len(results), "futility": args.futility,
+                                "margin_A": args.margin_A,
                                 "command": "python bench/bench_adaptive.py " + " ".join(sys.argv[1:]),
                                 "variants": counts}, indent=1) + "\n")
     print(f"where each variant settled: {path}")
