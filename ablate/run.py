@@ -24,8 +24,10 @@ from ablate.checks import check_compute, check_memory, check_model, check_run, g
 from ablate.config import compose, lineage, merge_overrides, override_key, signature
 from ablate.progress import SweepDisplay, StepBar
 from ablate.rungs import check_settings
-from ablate.sweeps import Variant
+from ablate.sweeps import Variant, replicate
+from analysis.report import SPREAD_TAG
 from analysis.runs import END_REASON_TAG, EXTENDED_TAG, SETTLED_TAG
+from analysis.spread import Spread
 from launch.status import ALIVE, job_states
 from launch.submit import JobSpec, Submission, check_request, resolve_cluster, submit
 
@@ -42,11 +44,14 @@ def plan(cfg: DictConfig, overrides: Sequence[str]) -> list[Planned]:
     """The sweep's variants, each composed from the command line's overrides followed by its own."""
     emit = get_method(cfg.sweep.emit)
     base = [o for o in overrides if not override_key(o).startswith("sweep")]
+    variants = emit(cfg, overrides)
+    if cfg.sweep.name != "none":
+        variants = replicate(variants, int(cfg.seed), int(cfg.sweep.seeds), int(cfg.sweep.base_seeds))
     planned = []
-    for variant in emit(cfg, overrides):
+    for variant in variants:
         variant_cfg = compose(merge_overrides(base, variant.overrides)) if variant.overrides else cfg
         planned.append(Planned(variant, variant_cfg, signature(variant_cfg), lineage(variant_cfg)))
-    names = [p.variant.name for p in planned]
+    names = [p.variant.label for p in planned]
     if len(set(names)) != len(names):
         raise ValueError(f"the sweep emits duplicate variant names: {names}")
     return planned
@@ -60,7 +65,7 @@ def sweep_id(cfg: DictConfig, planned: Sequence[Planned]) -> str:
 
 def print_plan(planned: Sequence[Planned], title: str) -> None:
     rows = [("variant", "overrides", "signature")]
-    rows += [(p.variant.name, " ".join(p.variant.overrides) or "(the recipe)", p.signature) for p in planned]
+    rows += [(p.variant.label, " ".join(p.variant.overrides) or "(the recipe)", p.signature) for p in planned]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     print(title)
     for i, row in enumerate(rows):
@@ -136,6 +141,11 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     requested = str(launcher["cluster"])  # a dry run of launcher=slurm may be made where SLURM is not
     cluster = requested if cfg.sweep.dry_run and requested != "auto" else resolve_cluster(requested)
     gpu_gb = gpu_memory_gb(planned[0].cfg, cluster)
+    if cfg.sweep.adaptive and (cfg.sweep.seeds > 1 or cfg.sweep.base_seeds > 1):
+        raise ValueError(f"sweep.adaptive=true looks at one run of each variant beside one of the base recipe: "
+                         f"sweep.seeds={cfg.sweep.seeds} and sweep.base_seeds={cfg.sweep.base_seeds} must be 1 (a "
+                         "sweep of several seeds runs them to their budget)")
+    check_spread(cfg.sweep)
     for p in planned:
         check_compute(p.cfg.train)
         check_run(p.cfg)
@@ -147,6 +157,7 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
             for process in estimate:
                 print(f"  {process.describe(gpu_gb)}")
     if cfg.sweep.dry_run:
+        print_designs(cfg, planned)
         return 0
     if cluster == "slurm":
         check_request(launcher)  # a request no node of the partition can hold: before any run is created
@@ -157,7 +168,8 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     uri = tracking.check_reachable(cfg.tracking.uri, cfg.tracking.timeout_s)  # before any job starts
     client = tracking.client(uri)
     exp_id = tracking.experiment_id(client, cfg.tracking.experiment)
-    parent = tracking.sweep_parent(client, exp_id, sid, {"ablate.overrides": " ".join(overrides)[:5000]})
+    parent = tracking.sweep_parent(client, exp_id, sid, {"ablate.overrides": " ".join(overrides)[:5000],
+                                                         SPREAD_TAG: json.dumps(spread_prior(cfg.sweep).__dict__)})
     folder = Path(cfg.launcher.folder).resolve() / sid
 
     previous = _previous_jobs(folder)
@@ -171,20 +183,20 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
         if kind == "extend":  # stopped by an adaptive sweep, or a smaller budget: on from its checkpoint, same run
             _reopen(client, run_id, p.signature)
         if kind == "new":
-            run_id = tracking.create_variant_run(client, exp_id, p.variant.name, variant_tags(p, sid), parent)
+            run_id = tracking.create_variant_run(client, exp_id, p.variant.label, variant_tags(p, sid), parent)
         elif kind == "resume":  # failed, killed, or its job is gone: again, from its checkpoint
             client.update_run(run_id, status="SCHEDULED")
-        kinds[p.signature], run_ids[p.variant.name] = kind, run_id
+        kinds[p.signature], run_ids[p.variant.label] = kind, run_id
     specs, sweep_settings = [], OmegaConf.to_container(cfg.sweep, resolve=True)
     for p in planned:
-        kind, run_id = kinds[p.signature], run_ids[p.variant.name]
+        kind, run_id = kinds[p.signature], run_ids[p.variant.label]
         meta = {"run_id": run_id}
         if kind == "alive":
             meta["job_id"] = previous[run_id][0]  # the manifest keeps pointing at the job that runs it
         config = job_config(p.cfg)  # composed without the command line's sweep.* (they are not the variant's)
         config["sweep"] = {**sweep_settings, "runs": run_ids}  # so the adaptive sweep's jobs find each other's runs
         args = (config, run_id, uri) if kind in ("new", "resume", "extend") else ()
-        specs.append(JobSpec(p.variant.name, p.signature, args, meta))
+        specs.append(JobSpec(p.variant.label, p.signature, args, meta))
     skip_reasons = {"finished": "FINISHED", "alive": "still running (left alone)"}
 
     from ablate.job import run_variant
@@ -219,6 +231,40 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     if cfg.sweep.report:
         make_report(cfg, uri, sid, [it.spec.meta["run_id"] for it in submission.items])
     return 1 if failed else 0
+
+
+def spread_prior(sweep: DictConfig) -> Spread:
+    """The prior of the spread between runs of one recipe this sweep's report uses (sweep.run_sd_*)."""
+    return Spread(sd_A=float(sweep.run_sd_A), sd_B=float(sweep.run_sd_B), prior_dof=float(sweep.run_sd_dof))
+
+
+def check_spread(sweep: DictConfig) -> None:
+    for key in ("run_sd_A", "run_sd_B", "run_sd_dof"):
+        if not float(sweep[key]) >= 0:
+            raise ValueError(f"sweep.{key}={sweep[key]}: must be 0 or more")
+
+
+def print_designs(cfg: DictConfig, planned: Sequence[Planned]) -> None:
+    """What this sweep's design and the others can resolve on A, between runs and between recipes, and their
+    GPU-hours (analysis/design.py: a paper-shaped law, this sweep's validation, the prior of the run spread)."""
+    from analysis.design import DESIGNS, Design, expected
+
+    variants = sum(1 for p in planned if p.variant.name != planned[0].variant.name and not p.variant.replica)
+    p = planned[0].cfg
+    points = max(int(p.train.steps) // max(int(p.train.val_every), 1), 5)
+    gen = p.generator
+    prompts, samples = (int(gen.val_prompts), int(gen.val_samples)) if "val_prompts" in gen else \
+        (int(p.task.n_val_prompts), int(p.task.val_samples))
+    this = Design("this sweep", int(cfg.sweep.seeds), int(cfg.sweep.base_seeds))
+    rows = [expected(d, points=points, variants=max(variants, 1), val_prompts=prompts, val_samples=samples,
+                     spread_sd=float(cfg.sweep.run_sd_A)) for d in (this, *DESIGNS)]
+    print(f"designs: their resolution on A (found 9 times in 10) and GPU-hours over one seed at the full budget's\n"
+          f"  (a paper-shaped law; {points} validation points of {prompts} x {samples} answers; a spread of A between "
+          f"runs of {float(cfg.sweep.run_sd_A):.3f}:\n  docs/fitting.md#seeds-where-they-pay)")
+    width = max(len(r.design.name) for r in rows)
+    print(f"  {'design':<{width}}  these runs  the recipes  GPU-hours")
+    for r in rows:
+        print(f"  {r.design.name:<{width}}  {r.runs:>10.3f}  {r.recipes:>11.3f}  {r.gpu_hours:>8.2f}x")
 
 
 def local_gpus(cfg: DictConfig) -> tuple[list[str], int]:
@@ -334,7 +380,8 @@ def make_report(cfg: DictConfig, uri: str, sid: str, run_ids: Sequence[str]) -> 
     from analysis import make_report as report
 
     out = Path(cfg.paths.outputs) / "reports" / sid
-    result = report(cfg.tracking.experiment, tracking_uri=uri, out_dir=out, sweep=sid, run_ids=list(run_ids))
+    result = report(cfg.tracking.experiment, tracking_uri=uri, out_dir=out, sweep=sid, run_ids=list(run_ids),
+                    spread=spread_prior(cfg.sweep))
     print(result.table_md)
     print(f"report: {result.html.resolve()}")
     if result.artifact_error:

@@ -333,16 +333,26 @@ class Sweep:
     recipes: list[str] = field(default_factory=list)  # for sweep=recipes
     report: bool = True  # a local sweep ends by making the report
     # the adaptive sweep (docs/design.md#the-adaptive-sweep): each variant is looked at at its rungs (fractions of
-    # its train.steps) and stops at the first where the forecast to its full budget settles its verdict
+    # its train.steps) and stops at the first where every claim of its verdict is settled (docs/fitting.md)
     adaptive: bool = False
-    rungs: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0])
-    confidence: float = 0.95  # the share of forecasts whose verdict must be the verdict now
-    forecasts: int = 20  # continuations to the full budget drawn per decision
+    rungs: list[float] = field(default_factory=lambda: [k / 8 for k in range(1, 9)])
+    alpha: float = 0.02  # a claim's false-claim rate over all looks: the one-look verdict's, spent over the looks
+    futility: float = 0.10  # a claim the full budget would make with less than this predictive chance: settled unmade
+    margin_A: Optional[float] = None  # declared: moves of A smaller than this do not matter (an earlier "no change")
     base_wait_min: float = 120.0  # how long a variant waits at a rung for the base recipe to reach its compute
     # continue, from their checkpoints, into the same runs: runs an adaptive sweep stopped (to their budget), and runs
     # of a smaller train.steps that kept their checkpoint (to this one)
     extend: bool = False
     keep_checkpoints: bool = False  # a finished run keeps its last checkpoint, to be extended later (8B: ~100 GB)
+    # seeds (docs/fitting.md#seeds-where-they-pay): runs of each variant, and of the base recipe (its replicates
+    # measure the spread between runs of one recipe); seeds seed, seed + 1, ...
+    seeds: int = 1
+    base_seeds: int = 1
+    # the prior of that spread, for the verdicts about recipes (docs/fitting.md#recipes-not-runs): the sd of A and of
+    # B between runs of one recipe, and its weight in degrees of freedom (the paper's three runs: 2)
+    run_sd_A: float = 0.015
+    run_sd_B: float = 0.0
+    run_sd_dof: float = 2.0
     runs: dict[str, str] = field(default_factory=dict)  # set by the sweep for its jobs: variant -> MLflow run id
 
 

@@ -7,7 +7,7 @@ the recipes sweep reads `sweep.recipes`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from omegaconf import DictConfig
@@ -19,11 +19,30 @@ RECIPE_VARIANT = "scalerl"  # the name of the un-ablated recipe in a LOO sweep, 
 
 @dataclass(frozen=True)
 class Variant:
-    name: str  # scalerl, loo-dapo, ...
+    name: str  # scalerl, loo-dapo, ... (tag ablate.variant: the seeds of a variant share it)
     overrides: tuple[str, ...] = ()  # applied after the command line's own overrides
     axis: str = "none"  # the axis it reverts (tag ablate.axis)
     choice: str = "none"  # the choice it reverts to (tag ablate.choice)
     meta: dict = field(default_factory=dict, compare=False)
+    replica: int = 0  # 0: the run at the command line's seed; k: its k-th replicate seed (seed + k)
+
+    @property
+    def label(self) -> str:
+        """The run's name in the sweep (its job, its line of progress): the variant's, "loo-dapo seed+1" for a
+        replicate."""
+        return self.name if not self.replica else f"{self.name} seed+{self.replica}"
+
+
+def replicate(variants: Sequence[Variant], seed: int, seeds: int, base_seeds: int) -> list[Variant]:
+    """Each variant `seeds` times and the recipe (RECIPE_VARIANT) `base_seeds` times, the replicates at seed + 1,
+    seed + 2, ... (sweep.seeds, sweep.base_seeds: docs/fitting.md#seeds-where-they-pay)."""
+    if seeds < 1 or base_seeds < 1:
+        raise ValueError(f"sweep.seeds={seeds}, sweep.base_seeds={base_seeds}: at least one run of each")
+    out = []
+    for v in variants:
+        n = base_seeds if v.name == RECIPE_VARIANT else seeds
+        out += [v] + [replace(v, overrides=(*v.overrides, f"seed={seed + k}"), replica=k) for k in range(1, n)]
+    return out
 
 
 def single(cfg: DictConfig, overrides: Sequence[str] = ()) -> list[Variant]:

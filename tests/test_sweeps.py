@@ -185,3 +185,50 @@ def test_a_variant_this_scale_cannot_test_is_tagged_with_why_unless_simulated():
                                                                                           "loo-savg"]
     mock = plan(compose(["sweep=loo", "generator=mock"]), ["sweep=loo", "generator=mock"])
     assert not any("ablate.untestable" in variant_tags(p, "s") for p in mock)
+
+
+def test_seeds_of_each_variant_and_replicates_of_the_base_are_runs_of_their_own():
+    """sweep.seeds=2 sweep.base_seeds=3 seed=5: each variant at seeds 5 and 6, scalerl at 5, 6 and 7; the seeds of a
+    variant share its name (the report fits them together) and differ only in the seed; each has its own run
+    (signature) and label."""
+    overrides = ["sweep=loo", "seed=5", "sweep.seeds=2", "sweep.base_seeds=3"]
+    planned = plan(compose(overrides), overrides)
+    labels = [p.variant.label for p in planned]
+    assert labels[:4] == ["scalerl", "scalerl seed+1", "scalerl seed+2", "loo-dapo"]
+    assert len(planned) == 3 + 2 * 8 and len(set(labels)) == len(labels)
+    assert len({p.signature for p in planned}) == len(planned)
+    seeds = {p.variant.label: int(p.cfg.seed) for p in planned}
+    assert (seeds["scalerl"], seeds["scalerl seed+2"], seeds["loo-npr"], seeds["loo-npr seed+1"]) == (5, 7, 5, 6)
+    dapo = [p for p in planned if p.variant.name == "loo-dapo"]
+    first, second = (semantic(p.cfg) for p in dapo)
+    assert {k for k in first if first[k] != second[k]} == {"seed"}
+    assert all(p.cfg.loss.name == "dapo" for p in dapo)
+
+
+def test_an_adaptive_sweep_of_several_seeds_is_refused_before_anything_is_submitted(tmp_path: Path):
+    from conftest import run_cli
+
+    out = run_cli("-m", "ablate", "sweep=loo", "generator=mock", "sweep.adaptive=true", "sweep.base_seeds=2",
+                  "sweep.dry_run=true", cwd=tmp_path)
+    assert out.returncode == 2 and "sweep.base_seeds=2 must be 1" in out.stderr.strip().splitlines()[-1]
+
+
+def test_the_dry_run_prints_what_each_design_resolves_from_the_benchs_model(tmp_path: Path):
+    """Per design: the resolution on A between runs and between recipes, and GPU-hours: the numbers
+    analysis.design gives for the mock's 50 points of 1,000 x 16 and the prior spread; two half-length seeds beat
+    one full one between recipes at the paper's spread (0.065 against 0.079) and lose between runs."""
+    from conftest import run_cli
+
+    from analysis.design import DESIGNS, expected
+
+    out = run_cli("-m", "ablate", "sweep=loo", "generator=mock", "sweep.dry_run=true", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {line.split("  ")[1].strip(): line.split() for line in out.stdout.splitlines()
+            if line.startswith("  ") and line.strip().endswith("x") and "design" not in line}
+    for d in DESIGNS:
+        e = expected(d, points=50, variants=8)
+        *_, runs, recipes, hours = rows[d.name]
+        assert (float(runs), float(recipes), hours) == (round(e.runs, 3), round(e.recipes, 3), f"{e.gpu_hours:.2f}x")
+    one, two = (expected(d, points=50, variants=8) for d in DESIGNS[:2])
+    assert two.recipes < one.recipes and two.runs > one.runs and two.gpu_hours == one.gpu_hours == 1.0
+    assert rows["this sweep"][-3:] == rows["one seed, full budget"][-3:]
