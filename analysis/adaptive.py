@@ -148,8 +148,8 @@ def decide(variant: Curve, base: Curve, *, rung: int, step: int, steps: int, his
     base = base.upto(c_rung)
     args = dict(rung=rung, step=step, steps=steps, compute=c_rung)
     try:
-        mine, theirs = fit_state(prepare(variant.compute, variant.reward)), fit_state(prepare(base.compute,
-                                                                                             base.reward))
+        mine = fit_state(prepare(variant.compute, variant.reward))
+        theirs = fit_state(prepare(base.compute, base.reward))
     except FitError as err:
         return Decision(decision=GO, verdict="no fit", reason=f"no fit yet ({err.reason})", **args)
     fit, base_fit = mine.fit, theirs.fit
@@ -161,9 +161,12 @@ def decide(variant: Curve, base: Curve, *, rung: int, step: int, steps: int, his
     locked = sorted({name for d in past for name in d.locked})
 
     def bound(name: str, t: float) -> tuple[float, float]:
-        """(the boundary at this look, its information fraction): the look's t after the claim's earlier ones (an
+        """(the boundary at this look, its information fraction): the look's t, at most the budget's fraction (the
+        compute claim's reward R* moves with the data, so its looks are less related than its Fisher fraction, near 1
+        from the first, would have them: spent by the budget's fraction instead), after the claim's earlier ones (an
         estimate that fell back is the last one's: no new information, that look's boundary again)."""
         before = sorted({d.looks[name]["t"] for d in past if name in d.looks and 0 < d.looks[name]["t"] < 1})
+        t = min(t, step / steps)
         t = 1.0 if last else max(min(max(t, 1e-6), LAST_T), before[-1] if before else 0.0)
         times = before + ([t] if not before or t > before[-1] else [])
         return boundaries(times, alpha)[-1], t
