@@ -127,8 +127,20 @@ def run_single(cfg: DictConfig, overrides: Sequence[str]) -> int:
     return 0
 
 
+def check_sweep(cfg: DictConfig) -> None:
+    """The sweep's own settings, which no variant changes: one line naming the setting at fault."""
+    if cfg.sweep.adaptive and (cfg.sweep.seeds > 1 or cfg.sweep.base_seeds > 1):
+        raise ValueError(f"sweep.adaptive=true looks at one run of each variant beside one of the base recipe: "
+                         f"sweep.seeds={cfg.sweep.seeds} and sweep.base_seeds={cfg.sweep.base_seeds} must be 1 (a "
+                         "sweep of several seeds runs them to their budget)")
+    check_spread(cfg.sweep)
+    if cfg.sweep.adaptive:
+        check_settings(cfg.sweep, int(cfg.train.steps))
+
+
 def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     """`python -m ablate sweep=loo`: every variant as one job array; with the local cluster, watch and report."""
+    check_sweep(cfg)  # the sweep's own settings: before composing its variants (seconds each)
     started = time.perf_counter()
     planned = plan(cfg, overrides)
     planned_s = time.perf_counter() - started
@@ -141,11 +153,6 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     requested = str(launcher["cluster"])  # a dry run of launcher=slurm may be made where SLURM is not
     cluster = requested if cfg.sweep.dry_run and requested != "auto" else resolve_cluster(requested)
     gpu_gb = gpu_memory_gb(planned[0].cfg, cluster)
-    if cfg.sweep.adaptive and (cfg.sweep.seeds > 1 or cfg.sweep.base_seeds > 1):
-        raise ValueError(f"sweep.adaptive=true looks at one run of each variant beside one of the base recipe: "
-                         f"sweep.seeds={cfg.sweep.seeds} and sweep.base_seeds={cfg.sweep.base_seeds} must be 1 (a "
-                         "sweep of several seeds runs them to their budget)")
-    check_spread(cfg.sweep)
     for p in planned:
         check_compute(p.cfg.train)
         check_run(p.cfg)
