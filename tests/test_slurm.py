@@ -182,7 +182,8 @@ def test_an_adaptive_sweep_decides_in_its_jobs_through_a_server_restart(slurm, t
         variant, base = runs["loo-fp32"], runs["scalerl"]
         assert variant.info.status == base.info.status == "FINISHED"
         settled, rungs = int(variant.data.tags[SETTLED_TAG]), list(range(5, 40, 5))  # looks every eighth of 40
-        assert settled in rungs and [d.step for d in decisions_of(variant.data.tags)] == rungs[:rungs.index(settled) + 1]
+        assert settled in rungs
+        assert [d.step for d in decisions_of(variant.data.tags)] == rungs[:rungs.index(settled) + 1]
         looked = decisions_of(base.data.tags)  # the base goes on until it finds its variant settled, then stops
         assert all(d.decision == "go on" for d in looked[:-1]) and looked[-1].step <= 35
         base_last = looked[-1].step if looked[-1].stop else 40
