@@ -526,7 +526,8 @@ def _html_table(headers: list[str], rows_cells: list[list[str]], classes: list[s
             cls = ' class="num"' if i in num_cols else ""
             if headers[i] in ("verdict", "the recipes") and c.split(" (")[0] in (MOVES_A, MOVES_B, BOTH, MOVES_C):
                 cls = f' class="v-{c.split(" (")[0].replace(" ", "")}"'
-            tds.append(f"<td{cls}>{esc(c)}</td>")
+            text = esc(c).replace(" [", "<br>[") if i in num_cols else esc(c)  # the interval under its estimate
+            tds.append(f"<td{cls}>{text}</td>")
         body.append(f"<tr{klass}>{''.join(tds)}</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>\n" + "\n".join(body) + "\n</tbody></table>"
 
