@@ -1,6 +1,6 @@
 """Checks made before any run is created or job submitted, each failing in one line that names the key: a model
-that does not load, a reference layout the clock cannot use, a trainer layout its option or the job cannot hold, a
-layout whose processes would not fit their GPUs' memory."""
+that does not load, stop tokens it does not have, a reference layout the clock cannot use, a trainer layout its
+option or the job cannot hold, a layout whose processes would not fit their GPUs' memory."""
 
 from __future__ import annotations
 
@@ -30,6 +30,23 @@ def check_model(model: DictConfig) -> None:
             "not a local folder, and the Hugging Face hub (or its cache) gave no model of that name"
         reason = str(why).strip().splitlines()[0] if str(why).strip() else type(why).__name__
         raise ValueError(f"model.path={model.path}: {where}: {reason}") from None
+
+
+def check_stops(cfg: DictConfig) -> str | None:
+    """Where a completion of a model from model.path ends, as the line printed before any run: its tokenizer's
+    stop ids (ablate/policy.py's stop_token_ids), each with its token. A bad generation.stop_token_ids fails in one
+    line. None for the tokenizer made in code (it stops at its eos)."""
+    if not cfg.model.path:
+        return None
+    from ablate.policy import build_tokenizer, describe_stops, stop_token_ids
+
+    try:
+        tokenizer = build_tokenizer(cfg.model)
+    except Exception as why:  # noqa: BLE001 - whatever transformers raises, said in one line
+        reason = str(why).strip().splitlines()[0] if str(why).strip() else type(why).__name__
+        raise ValueError(f"model.path={cfg.model.path}: no tokenizer loads from it: {reason}") from None
+    ids = stop_token_ids(cfg.model, cfg.generation, tokenizer)
+    return f"stop tokens ({cfg.model.path}): {describe_stops(ids, tokenizer)}"
 
 
 def check_compute(train: DictConfig) -> None:

@@ -33,6 +33,56 @@ def build_tokenizer(model: DictConfig):
     return code_tokenizer()
 
 
+def end_of_turn_id(tokenizer) -> int | None:
+    """The special token the tokenizer's chat template closes an assistant's turn with (<|im_end|> for Qwen's
+    ChatML, <|eot_id|> for Llama-3), found by rendering one turn; None without a template or such a token."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    marker = "ablate-end-of-turn-marker"
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "?"},
+                                              {"role": "assistant", "content": marker}], tokenize=False)
+    except Exception:  # noqa: BLE001 - a template that cannot render a plain turn names no end
+        return None
+    after = text.rpartition(marker)[2]
+    special = {t: i for t, i in tokenizer.get_added_vocab().items() if after.startswith(t)}
+    return special[max(special, key=len)] if special else None
+
+
+def stop_token_ids(model: DictConfig, generation: DictConfig, tokenizer) -> tuple[int, ...]:
+    """The token ids a completion ends at: generation.stop_token_ids when set; else TRL's rule, the eos ids of the
+    model's generation_config.json with the tokenizer's eos before them when they lack it, and then the end of an
+    assistant's turn in the tokenizer's chat template (a base model's eos, <|endoftext|>, is not where its ChatML
+    turn ends: docs/training.md#stop-tokens)."""
+    vocab = len(tokenizer)
+    if generation.get("stop_token_ids"):
+        ids = tuple(int(i) for i in generation.stop_token_ids)
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise ValueError(f"generation.stop_token_ids={list(ids)}: {bad} not in the tokenizer's {vocab} ids")
+        return ids
+    ids = []
+    if model.path:
+        import transformers
+
+        try:
+            eos = transformers.GenerationConfig.from_pretrained(str(model.path)).eos_token_id
+        except OSError:  # no generation_config.json: the tokenizer alone
+            eos = None
+        ids = [eos] if isinstance(eos, int) else list(eos or [])
+    if tokenizer.eos_token_id not in ids:
+        ids.insert(0, tokenizer.eos_token_id)
+    turn = end_of_turn_id(tokenizer)
+    if turn is not None and turn not in ids:
+        ids.append(turn)
+    return tuple(ids)
+
+
+def describe_stops(ids: tuple[int, ...], tokenizer) -> str:
+    """'<|im_end|> 151645, <|endoftext|> 151643': the stop ids as a user recognises them."""
+    return ", ".join(f"{tokenizer.convert_ids_to_tokens(i)} {i}" for i in ids)
+
+
 def device_of(model: DictConfig) -> torch.device:
     if model.get("device", "auto") == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -222,6 +222,9 @@ class Generation:
     max_think_tokens: int = 12288
     max_answer_tokens: int = 2048
     temperature: float = 1.0
+    # where a completion ends; unset: the tokenizer's eos, the model's generation_config eos ids and the end of a
+    # turn in its chat template (ablate/policy.py's stop_token_ids)
+    stop_token_ids: Optional[List[int]] = None
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """The supervised warm start a task includes (the paper starts RL from an SFT model): next-token cross-entropy on
-the completions of the task's warm-start examples, `steps` AdamW steps of `batch_size` examples.
+the completions of the task's warm-start examples, each ended by the end of a turn in the tokenizer's chat format
+(its eos without one), `steps` AdamW steps of `batch_size` examples.
 
 Every variant of a sweep starts from the same warm-started weights: they are cached on disk under a key made of the
 model's and the task's configs and the seed, written atomically under a file lock, so variants starting together
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ablate.policy import autocast
+from ablate.policy import autocast, end_of_turn_id
 
 
 def warm_start(policy: torch.nn.Module, task, *, steps: int, lr: float, batch_size: int,
@@ -24,6 +25,8 @@ def warm_start(policy: torch.nn.Module, task, *, steps: int, lr: float, batch_si
     """Train `policy` in place on the task's warm-start examples (a fixed stream: nothing here is random); returns
     the loss of each step. Its weights stay fp32; the forward computes in `compute_dtype` (as RL will)."""
     tok = task.tokenizer
+    end = end_of_turn_id(tok)  # the answer ends as a turn of the model's chat format ends, else at its eos
+    end = tok.eos_token_id if end is None else end
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
     device = next(policy.parameters()).device
     losses, drawn = [], 0
@@ -34,7 +37,7 @@ def warm_start(policy: torch.nn.Module, task, *, steps: int, lr: float, batch_si
             example = task.warm_start_example(drawn)
             drawn += 1
             prompt = tok.encode(example[0], add_special_tokens=False)
-            completion = tok.encode(example[1], add_special_tokens=False) + [tok.eos_token_id]
+            completion = tok.encode(example[1], add_special_tokens=False) + [end]
             rows.append(prompt + completion)
             labels.append([-100] * len(prompt) + completion)
         width = max(map(len, rows))

@@ -174,11 +174,14 @@ LLAMA_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidde
 
 @pytest.fixture
 def llama_8b(tmp_path) -> Path:
-    """A folder with an 8B Llama's config.json and no weights: what the checks before submit read of model.path."""
+    """A folder with an 8B Llama's config.json, Llama-3's real tokenizer and no weights: what the checks before
+    submit read of model.path."""
     import json
 
+    from real_models import save_tokenizer
+
     folder = tmp_path / "llama-8b"
-    folder.mkdir()
+    save_tokenizer("llama3", folder)
     (folder / "config.json").write_text(json.dumps(LLAMA_8B))
     return folder
 

@@ -22,7 +22,7 @@ from ablate.generators.engine import Engine as TorchEngine
 from ablate.generators.engine import Limits, decode
 from ablate.generators.pipeline import Pipeline
 from ablate.generators.remote import RemoteEngine
-from ablate.policy import compute_dtype, weights_in
+from ablate.policy import compute_dtype, stop_token_ids, weights_in
 from ablate.registry import build
 from ablate.rollouts import Rollouts
 from ablate.tasks.base import THINK_END
@@ -33,7 +33,7 @@ def limits_for(cfg: DictConfig, tokenizer, length_control) -> Limits:
     phrase = length_control.phrase
     return Limits(
         max_think_tokens=int(cfg.generation.max_think_tokens), max_answer_tokens=int(cfg.generation.max_answer_tokens),
-        stop_ids=(tokenizer.eos_token_id,),
+        stop_ids=stop_token_ids(cfg.model, cfg.generation, tokenizer),
         think_end_id=think_end if think_end != tokenizer.unk_token_id else None,
         phrase_ids=tuple(tokenizer.encode(phrase, add_special_tokens=False)) if phrase else ())
 

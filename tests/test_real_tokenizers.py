@@ -1,0 +1,120 @@
+"""Real Qwen3 and Llama-3 tokenizers in download-shaped folders (tests/real_models.py): where their completions end.
+
+Each folder is what a user's model.path holds: the family's real vocabulary and special tokens, its chat template,
+its generation_config.json eos ids, a config.json of the family's shape at a tiny depth and width."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+import transformers
+from omegaconf import OmegaConf
+
+from ablate.checks import check_stops
+from ablate.config import compose
+from ablate.generators.engine import Engine, Sequence
+from ablate.generators.pipelined import limits_for
+from ablate.policy import build_policy, build_tokenizer, end_of_turn_id
+from ablate.registry import build
+from ablate.warm_start import warm_start
+from real_models import save_model
+
+IM_END, ENDOFTEXT, THINK_END = 151645, 151643, 151668
+EOT, END_OF_TEXT, EOM = 128009, 128001, 128008
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """qwen3 (Qwen3-1.7B's tokenizer and generation config), qwen3-base (a Qwen base model's), llama3
+    (Llama-3.1-8B-Instruct's); no weights but qwen3-base's (2 layers, width 64, tied, real vocabulary)."""
+    root = tmp_path_factory.mktemp("models")
+    return {family: save_model(family, root / family, weights=family == "qwen3-base")
+            for family in ("qwen3", "qwen3-base", "llama3")}
+
+
+def _cfg(folder, *overrides):
+    return compose(["model=hf", f"model.path={folder}", "model.device=cpu", "model.dtype=float32",
+                    "generator=hf", *overrides])
+
+
+def _limits(cfg):
+    return limits_for(cfg, build_tokenizer(cfg.model), build(cfg.length_control))
+
+
+def test_the_folders_hold_the_real_vocabularies_at_their_known_ids(folders):
+    qwen = transformers.AutoTokenizer.from_pretrained(folders["qwen3"])
+    assert len(qwen) == 151669 and qwen.encode("Hello world") == [9707, 1879]
+    assert qwen.convert_tokens_to_ids(["<|im_end|>", "</think>"]) == [IM_END, THINK_END]
+    llama = transformers.AutoTokenizer.from_pretrained(folders["llama3"])
+    assert len(llama) == 128256 and llama.encode("Hello world") == [128000, 9906, 1917]  # BOS, as Llama-3 wants
+    assert llama.eos_token_id == EOT
+    assert transformers.AutoConfig.from_pretrained(folders["qwen3"]).tie_word_embeddings
+
+
+def test_the_end_of_a_turn_is_read_from_the_chat_template(folders):
+    assert end_of_turn_id(build_tokenizer(OmegaConf.create({"path": str(folders["qwen3-base"])}))) == IM_END
+    assert end_of_turn_id(build_tokenizer(OmegaConf.create({"path": str(folders["llama3"])}))) == EOT
+    assert end_of_turn_id(build_tokenizer(OmegaConf.create({"path": None}))) is None  # the code's: no template
+
+
+@pytest.mark.parametrize("family, stops", [
+    ("qwen3", (IM_END, ENDOFTEXT)),  # the generation config's, the tokenizer's eos among them
+    ("qwen3-base", (ENDOFTEXT, IM_END)),  # eos <|endoftext|>: its ChatML turn's end added (before: eos alone)
+    ("llama3", (END_OF_TEXT, EOM, EOT)),  # the generation config's three (before: <|eot_id|> alone)
+])
+def test_completions_stop_at_the_models_eos_ids_and_the_end_of_its_turn(folders, family, stops):
+    assert _limits(_cfg(folders[family])).stop_ids == stops
+
+
+def test_the_stop_tokens_are_printed_before_any_run_with_their_tokens(folders):
+    cfg = _cfg(folders["qwen3-base"])
+    assert check_stops(cfg) == f"stop tokens ({folders['qwen3-base']}): <|endoftext|> 151643, <|im_end|> 151645"
+    assert check_stops(compose(["generator=hf"])) is None  # the tokenizer made in code stops at its eos
+
+
+def test_a_folder_with_no_tokenizer_fails_before_any_run_in_one_line(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(ValueError, match=f"^model.path={tmp_path}: no tokenizer loads from it: ") as refused:
+        check_stops(_cfg(tmp_path))
+    assert "\n" not in str(refused.value)
+
+
+def test_stop_token_ids_set_by_hand_replace_the_rule_and_a_bad_one_fails_naming_it(folders):
+    assert _limits(_cfg(folders["qwen3"], "generation.stop_token_ids=[151645]")).stop_ids == (IM_END,)
+    with pytest.raises(ValueError, match=r"generation.stop_token_ids=\[151645, 200000\]: \[200000\] not in the "
+                                         r"tokenizer's 151669 ids"):
+        _limits(_cfg(folders["qwen3"], "generation.stop_token_ids=[151645,200000]"))
+
+
+def test_a_model_taught_to_end_its_turn_at_im_end_stops_there_not_at_the_limit(folders):
+    """A Qwen base tokenizer (eos <|endoftext|>) with its ChatML template: the warm start ends each answer as a
+    ChatML turn ends, at <|im_end|>, and the engine stops there. Before, the warm start ended answers at the eos and
+    the engine stopped only at the eos: a model that ends its turns at <|im_end|>, as a Qwen chat model does, ran
+    every row to the length limit."""
+    cfg = _cfg(folders["qwen3-base"], "task=synthetic", "task.ops=[reverse]", "task.op_weights=[]", "task.min_digits=3",
+               "task.max_digits=4", "task.teacher_accuracy=1.0", "generation.max_think_tokens=0",
+               "generation.max_answer_tokens=24")
+    tokenizer = build_tokenizer(cfg.model)
+    task = build(cfg.task, tokenizer=tokenizer, seed=0)
+    policy = build_policy(cfg.model)
+    warm_start(policy, task, steps=30, lr=3e-3, batch_size=16)
+
+    def decode(limits):
+        engine = Engine(policy, limits, head_dtype=torch.float32, temperature=1.0, pad_id=tokenizer.pad_token_id,
+                        seed=0)
+        rows = [Sequence(i, 0, tokenizer.encode(task.problem("val", i).prompt, add_special_tokens=False))
+                for i in range(16)]
+        engine.start(rows)
+        while engine.running:
+            engine.step()
+        return rows
+
+    limits = _limits(cfg)
+    rows = decode(limits)
+    ended = [r.tokens[-1] for r in rows if not r.truncated]
+    assert len(ended) >= 14 and set(ended) == {IM_END}, [tokenizer.decode(r.tokens) for r in rows]
+    # the same model stopped at the tokenizer's eos alone (as before): rows run past their turn to the limit
+    rows = decode(replace(limits, stop_ids=(tokenizer.eos_token_id,)))
+    assert sum(r.truncated for r in rows) >= 14  # measured: 16 of 16
