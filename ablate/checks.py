@@ -12,7 +12,12 @@ from omegaconf import DictConfig
 def check_model(model: DictConfig) -> None:
     """Fail at once, in one line, when model.path names no model that loads (before any run is created): a local
     folder needs a config.json that transformers reads; any other name is looked up on the Hugging Face hub (or in
-    its local cache)."""
+    its local cache). A model option with no default path (model=hf) and none given fails naming the key."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_missing(model, "path"):
+        raise ValueError(f"model={model.name} needs model.path: a local folder or a hub name "
+                         f"(model.path=/models/Qwen3-1.7B); without one it would train the tiny random model")
     if not model.path:
         return
     import transformers

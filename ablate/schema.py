@@ -108,7 +108,10 @@ class Filtering(Option):
 @dataclass
 class Model:
     name: str = MISSING
-    path: str | None = None  # local path or hub name; None builds the tiny model from the fields below
+    # local path or hub name; null builds the tiny model from the fields below. No default: an option that reads a
+    # checkpoint (model=hf) leaves it `???`, and a default of null would win the merge over it (OmegaConf keeps a
+    # value under `???`): the tiny random model planned in a real one's place
+    path: Optional[str] = MISSING
     vocab_size: int = 0  # the tiny model's vocabulary: 0 = the tokenizer's size
     hidden_size: int = 64
     intermediate_size: int = 0  # the MLP's width: 0 = 4 x hidden_size
@@ -129,6 +132,10 @@ class Task:
     warm_start_steps: int = 0  # supervised steps on the task's warm-start examples before RL (0: none)
     warm_start_lr: float = 1e-3
     warm_start_batch: int = 32
+    # the reward of a checked answer, right and wrong (the paper's +1 / -1: experiment=paper_8b; 1 / 0 elsewhere:
+    # the same advantages under group-normalized rewards, not under a length penalty, whose weight is against the gap)
+    reward_correct: float = 1.0
+    reward_wrong: float = 0.0
 
 
 @dataclass

@@ -123,6 +123,31 @@ def test_a_model_path_that_does_not_load_fails_in_one_line_before_any_run(tmp_pa
     assert not (tmp_path / "mlflow.db").exists()  # nothing was created, not even the database
 
 
+def test_the_paper_preset_validates_and_rewards_as_the_paper():
+    """experiment=paper_8b: mean@16 over 1,000 held-out prompts every 100 steps, reward +1 / -1 (the tiny presets
+    keep 1 / 0 and their own validation)."""
+    paper = compose(["experiment=paper_8b", "model.path=/m"])
+    assert (paper.task.n_val_prompts, paper.task.val_samples, paper.train.val_every) == (1000, 16, 100)
+    assert (paper.task.reward_correct, paper.task.reward_wrong) == (1.0, -1.0)
+    assert (compose([]).task.reward_correct, compose([]).task.reward_wrong) == (1.0, 0.0)
+
+
+def test_a_checkpoint_model_with_no_path_fails_naming_the_key_not_the_tiny_model_in_its_place(tmp_path):
+    """model=hf (and experiment=paper_8b, which picks it) without model.path: before, the `???` was lost in the
+    schema's merge and the tiny random model was planned, on the paper's 80 GPUs, with no word said."""
+    from omegaconf import OmegaConf
+
+    from ablate.run import run_sweep
+
+    for overrides in (["model=hf"], ["experiment=paper_8b"]):
+        assert OmegaConf.is_missing(compose(overrides).model, "path")
+        args = [*overrides, "sweep=loo", "sweep.dry_run=true", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"]
+        with pytest.raises(ValueError, match=r"^model=hf needs model.path: a local folder or a hub name"):
+            run_sweep(compose(args), args)
+    assert compose([]).model.path is None  # the tiny model's own option says null
+    assert not list(tmp_path.glob("mlflow.db*"))
+
+
 def test_a_reference_layout_the_clock_cannot_use_fails_in_one_line_before_any_run(tmp_path):
     cases = {("train.reference_layout=[1,1]", "train.reference_tflops=0"):
              "train.reference_layout=[1, 1] needs train.reference_tflops > 0",
