@@ -151,3 +151,22 @@ def test_running_ahead_between_looks_gives_the_tokens_of_step_by_step(mode, monk
         assert torch.equal(a.gen_logprobs, b.gen_logprobs)
     assert len({int(v) for ro in free for v in ro.versions[ro.mask].unique()}) >= 3  # loads landed throughout
     assert per_one <= 1.0 and per_free >= 2.0, (per_one, per_free)
+
+
+def test_the_tasks_reward_of_a_right_and_a_wrong_answer_reaches_the_rollouts():
+    """task.reward_correct / task.reward_wrong (the paper's +1 / -1 in experiment=paper_8b): each row's reward by its
+    check, the check itself kept as it was (pass rates, No-Positive-Resampling)."""
+    from ablate.generators.engine import Sequence
+    from ablate.generators.pipeline import assemble
+
+    rows = [Sequence(i, 1, [5, 6]) for i in range(4)]
+    for r in rows:
+        r.tokens, r.logprobs, r.versions, r.sampled = [7, 8], [-0.5, -0.5], [0, 0], [True, True]
+    correct = torch.tensor([True, False, False, True])
+    ro = assemble(rows, correct, [0, 0, 1, 1], pad_id=0, reward=(1.0, -1.0))
+    assert ro.rewards.tolist() == [1.0, -1.0, -1.0, 1.0] and ro.rewards.dtype == torch.float32
+    assert ro.correct.tolist() == correct.tolist()
+    assert assemble(rows, correct, [0, 0, 1, 1], pad_id=0).rewards.tolist() == [1.0, 0.0, 0.0, 1.0]  # 1 / 0 default
+    _, _, generator, _ = _setup("task.reward_correct=1", "task.reward_wrong=-1")
+    assert generator.pipeline.reward == (1.0, -1.0)
+    generator.close()

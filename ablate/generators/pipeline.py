@@ -38,8 +38,10 @@ RUN_AHEAD_S = 0.05  # concurrent mode: and seconds (a decode step of an 8B model
 
 class Pipeline:
     def __init__(self, engine: Engine, task, sampler, off_policy, length_control, *, prompts_per_step: int,
-                 samples_per_prompt: int, max_waves: int, max_think_tokens: int, concurrent: bool, seed: int):
+                 samples_per_prompt: int, max_waves: int, max_think_tokens: int, concurrent: bool, seed: int,
+                 reward: tuple[float, float] = (1.0, 0.0)):
         self.engine, self.task, self.sampler = engine, task, sampler
+        self.reward = reward  # (right, wrong): the task's reward of a checked answer
         self.off_policy, self.length_control = off_policy, length_control
         self.B, self.G, self.max_waves = prompts_per_step, samples_per_prompt, max_waves
         self.max_think_tokens = max_think_tokens
@@ -250,7 +252,8 @@ class Pipeline:
         order = {index: position for position, index in enumerate(prompts)}
         rows = sorted(rows, key=lambda r: order[r.prompt_index])  # stable: a prompt's G samples stay in order
         correct = torch.tensor([self.passed("train", r) for r in rows], device=torch.device("cpu"))
-        return assemble(rows, correct, group=[order[r.prompt_index] for r in rows], pad_id=self.tok.pad_token_id)
+        return assemble(rows, correct, group=[order[r.prompt_index] for r in rows], pad_id=self.tok.pad_token_id,
+                        reward=self.reward)
 
     def passed(self, split: str, row: Sequence) -> bool:
         """The row's final answer is right (a truncated row never passes)."""
@@ -259,9 +262,10 @@ class Pipeline:
         return not row.truncated and self.task.correct(text, self.task.problem(split, row.prompt_index))
 
 
-def assemble(rows: list[Sequence], correct: torch.Tensor, group: list[int], pad_id: int) -> Rollouts:
+def assemble(rows: list[Sequence], correct: torch.Tensor, group: list[int], pad_id: int,
+             reward: tuple[float, float] = (1.0, 0.0)) -> Rollouts:
     """Rows -> padded tensors on the host (the learner moves them to its device): prompts left-padded,
-    completions right-padded."""
+    completions right-padded; a right answer's reward reward[0], a wrong one's reward[1]."""
     N, host = len(rows), torch.device("cpu")
     Tp = max(len(r.prompt_ids) for r in rows)
     T = max(max(len(r.tokens) for r in rows), 1)
@@ -285,5 +289,6 @@ def assemble(rows: list[Sequence], correct: torch.Tensor, group: list[int], pad_
         prompt_ids=torch.tensor([r.prompt_index for r in rows], device=host),
         group=torch.tensor(group, device=host), prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens,
         mask=mask, gen_logprobs=logprobs, versions=versions,
-        lengths=torch.tensor([len(r.tokens) for r in rows], device=host), rewards=correct.float(),
+        lengths=torch.tensor([len(r.tokens) for r in rows], device=host),
+        rewards=torch.where(correct.to(host), reward[0], reward[1]).float(),
         correct=correct.to(host), truncated=torch.tensor([r.truncated for r in rows], device=host))

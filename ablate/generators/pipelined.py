@@ -64,7 +64,7 @@ class PipelineGenerator(Generator):
                                  prompts_per_step=int(cfg.batch.prompts_per_step),
                                  samples_per_prompt=int(cfg.batch.samples_per_prompt), max_waves=max_waves,
                                  max_think_tokens=int(cfg.generation.max_think_tokens), concurrent=concurrent,
-                                 seed=cfg.seed)
+                                 seed=cfg.seed, reward=(float(cfg.task.reward_correct), float(cfg.task.reward_wrong)))
         self.engine = engine
         self.clock = clock_for(cfg.train, devices_held(engine.device), off_policy)
 
