@@ -1,6 +1,7 @@
 """Checks made before any run is created or job submitted, each failing in one line that names the key: a model
-that does not load, stop tokens it does not have, a reference layout the clock cannot use, a trainer layout its
-option or the job cannot hold, a layout whose processes would not fit their GPUs' memory."""
+that does not load, stop tokens it does not have, rows longer than its positions, a reference layout the clock
+cannot use, a trainer layout its option or the job cannot hold, a layout whose processes would not fit their GPUs'
+memory."""
 
 from __future__ import annotations
 
@@ -52,6 +53,25 @@ def check_stops(cfg: DictConfig) -> str | None:
         raise ValueError(f"model.path={cfg.model.path}: no tokenizer loads from it: {reason}") from None
     ids = stop_token_ids(cfg.model, cfg.generation, tokenizer)
     return f"stop tokens ({cfg.model.path}): {describe_stops(ids, tokenizer)}"
+
+
+def check_lengths(cfg: DictConfig) -> None:
+    """Fail at once, in one line, when a row at its longest (generation.max_prompt_tokens + max_think_tokens +
+    max_answer_tokens) would pass the positions of a model from model.path (max_position_embeddings): vLLM refuses
+    to start, and our engine would run past what the model was trained on. The tiny models made here are not held
+    to it (their rotary positions have no end)."""
+    if not cfg.model.path:
+        return
+    import transformers
+
+    positions = getattr(transformers.AutoConfig.from_pretrained(str(cfg.model.path)), "max_position_embeddings", None)
+    gen = cfg.generation
+    longest = int(gen.max_prompt_tokens) + int(gen.max_think_tokens) + int(gen.max_answer_tokens)
+    if positions is not None and longest > positions:
+        raise ValueError(f"generation.max_prompt_tokens + max_think_tokens + max_answer_tokens = "
+                         f"{gen.max_prompt_tokens} + {gen.max_think_tokens} + {gen.max_answer_tokens} = {longest} "
+                         f"tokens, more than model.path={cfg.model.path} has positions for "
+                         f"(max_position_embeddings {positions}): lower them")
 
 
 def check_compute(train: DictConfig) -> None:

@@ -20,7 +20,8 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 
 from ablate import tracking
-from ablate.checks import check_compute, check_memory, check_model, check_run, check_stops, gpu_memory_gb
+from ablate.checks import (check_compute, check_lengths, check_memory, check_model, check_run, check_stops,
+                           gpu_memory_gb)
 from ablate.config import compose, lineage, merge_overrides, override_key, signature
 from ablate.progress import SweepDisplay, StepBar
 from ablate.rungs import check_settings
@@ -100,6 +101,7 @@ def run_single(cfg: DictConfig, overrides: Sequence[str]) -> int:
     stops = check_stops(p.cfg)
     if stops:
         print(stops)
+    check_lengths(p.cfg)
     check_compute(p.cfg.train)
     check_run(p.cfg)
     check_memory(p.cfg, gpu_memory_gb(p.cfg, "local"))
@@ -157,6 +159,7 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
         stops = check_stops(p.cfg)  # each model's and generation's, once
         if stops:
             print(stops)
+        check_lengths(p.cfg)
     launcher = OmegaConf.to_container(cfg.launcher, resolve=True, enum_to_str=True)
     requested = str(launcher["cluster"])  # a dry run of launcher=slurm may be made where SLURM is not
     cluster = requested if cfg.sweep.dry_run and requested != "auto" else resolve_cluster(requested)

@@ -12,7 +12,7 @@ import torch
 import transformers
 from omegaconf import OmegaConf
 
-from ablate.checks import check_stops
+from ablate.checks import check_lengths, check_stops
 from ablate.config import compose
 from ablate.generators.engine import Engine, Sequence
 from ablate.generators.pipelined import limits_for
@@ -72,6 +72,23 @@ def test_the_stop_tokens_are_printed_before_any_run_with_their_tokens(folders):
     cfg = _cfg(folders["qwen3-base"])
     assert check_stops(cfg) == f"stop tokens ({folders['qwen3-base']}): <|endoftext|> 151643, <|im_end|> 151645"
     assert check_stops(compose(["generator=hf"])) is None  # the tokenizer made in code stops at its eos
+
+
+def test_rows_longer_than_the_models_positions_fail_before_any_run_naming_the_lengths(tmp_path):
+    """Qwen2.5-Math-1.5B has 4,096 positions; the paper's rows are 2,048 + 12,288 + 2,048: before, the dry run
+    passed and vLLM refused to start on the node."""
+    import json
+
+    folder = save_model("qwen3-base", tmp_path / "qwen-math", weights=False)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
+    with pytest.raises(ValueError, match=r"^generation.max_prompt_tokens \+ max_think_tokens \+ max_answer_tokens = "
+                                         r"2048 \+ 12288 \+ 2048 = 16384 tokens, more than model.path=.* has "
+                                         r"positions for \(max_position_embeddings 4096\): lower them$"):
+        check_lengths(compose(["experiment=paper_8b", f"model.path={folder}"]))
+    check_lengths(compose(["experiment=paper_8b", f"model.path={folder}", "generation.max_prompt_tokens=1024",
+                          "generation.max_think_tokens=2048", "generation.max_answer_tokens=1024"]))
+    check_lengths(compose(["experiment=paper_8b", "model=llama_1b"]))  # a model made here: no end to its positions
 
 
 def test_a_folder_with_no_tokenizer_fails_before_any_run_in_one_line(tmp_path):
