@@ -1,7 +1,7 @@
 """Checks made before any run is created or job submitted, each failing in one line that names the key: a model
-that does not load, stop tokens it does not have, rows longer than its positions, a reference layout the clock
-cannot use, a trainer layout its option or the job cannot hold, a layout whose processes would not fit their GPUs'
-memory."""
+that does not load, stop tokens it does not have, rows longer than its positions, a data file that is not there or
+not as the task reads it, a reference layout the clock cannot use, a trainer layout its option or the job cannot
+hold, a layout whose processes would not fit their GPUs' memory."""
 
 from __future__ import annotations
 
@@ -72,6 +72,22 @@ def check_lengths(cfg: DictConfig) -> None:
                          f"{gen.max_prompt_tokens} + {gen.max_think_tokens} + {gen.max_answer_tokens} = {longest} "
                          f"tokens, more than model.path={cfg.model.path} has positions for "
                          f"(max_position_embeddings {positions}): lower them")
+
+
+def check_task(cfg: DictConfig) -> str | None:
+    """The task built as its jobs will build it, before any run: a data file (task.data_path) there, each record
+    with its fields, enough problems for the splits asked; one line naming what is wrong. Returns the line printed
+    before any run for a task read from a file (the file and its splits); None for a task made in code."""
+    from ablate.policy import build_tokenizer
+    from ablate.registry import build
+
+    try:
+        task = build(cfg.task, tokenizer=build_tokenizer(cfg.model), seed=cfg.seed)
+    except (OSError, TypeError, ValueError) as why:
+        raise ValueError(str(why).strip().splitlines()[0]) from None
+    path = getattr(task, "path", None)
+    return f"data ({path}): {task.size('train'):,} training and {task.size('val'):,} validation prompts" if path \
+        else None
 
 
 def check_compute(train: DictConfig) -> None:

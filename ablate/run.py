@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ablate import tracking
 from ablate.checks import (check_compute, check_lengths, check_memory, check_model, check_run, check_stops,
-                           gpu_memory_gb)
+                           check_task, gpu_memory_gb)
 from ablate.config import compose, lineage, merge_overrides, override_key, signature
 from ablate.progress import SweepDisplay, StepBar
 from ablate.rungs import check_settings
@@ -102,6 +102,9 @@ def run_single(cfg: DictConfig, overrides: Sequence[str]) -> int:
     if stops:
         print(stops)
     check_lengths(p.cfg)
+    data = check_task(p.cfg)
+    if data:
+        print(data)
     check_compute(p.cfg.train)
     check_run(p.cfg)
     check_memory(p.cfg, gpu_memory_gb(p.cfg, "local"))
@@ -160,6 +163,10 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
         if stops:
             print(stops)
         check_lengths(p.cfg)
+    for p in {json.dumps(OmegaConf.to_container(p.cfg.task), sort_keys=True): p for p in planned}.values():
+        data = check_task(p.cfg)  # each task's, once
+        if data:
+            print(data)
     launcher = OmegaConf.to_container(cfg.launcher, resolve=True, enum_to_str=True)
     requested = str(launcher["cluster"])  # a dry run of launcher=slurm may be made where SLURM is not
     cluster = requested if cfg.sweep.dry_run and requested != "auto" else resolve_cluster(requested)

@@ -238,6 +238,40 @@ def test_where_the_memory_check_looks_for_the_gpus_memory():
     assert gpu_memory_gb(compose(["launcher=local", "model.device=cpu"]), "local") is None
 
 
+def _problems(path: Path, n: int, keys=("problem", "answer")) -> Path:
+    """A JSONL of n math problems, each with these keys (the paper's preset holds 1,000 out for validation)."""
+    import json
+
+    path.write_text("".join(json.dumps({keys[0]: f"What is {i} + {i}?", keys[1]: str(2 * i)}) + "\n"
+                            for i in range(n)))
+    return path
+
+
+def test_a_data_file_that_is_missing_misshapen_or_short_fails_before_any_run_in_one_line(tmp_path, capsys):
+    """Before, each of these passed the dry run and failed on the node, after the queue."""
+    from ablate.run import run_sweep
+
+    cases = {
+        str(tmp_path / "nowhere.jsonl"): f"task=math: data file {tmp_path / 'nowhere.jsonl'} does not exist",
+        str(_problems(tmp_path / "other.jsonl", 20, ("question", "solution"))):
+            f"task=math: {tmp_path / 'other.jsonl'}:1: needs a non-empty string `problem` (keys found: ['question', "
+            f"'solution'])",
+        str(_problems(tmp_path / "short.jsonl", 900)):
+            f"task=math: {tmp_path / 'short.jsonl'} has 900 distinct problems; 1000 validation + the rest training "
+            f"asked"}
+    for path, says in cases.items():
+        args = ["experiment=paper_8b", "model=llama_1b", "sweep=loo", "sweep.dry_run=true", f"task.data_path={path}",
+                f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"]
+        with pytest.raises(ValueError) as refused:
+            run_sweep(compose(args), args)
+        assert str(refused.value).startswith(says) and "\n" not in str(refused.value), str(refused.value)
+    args = ["task=math", "sweep=loo", "sweep.dry_run=true", f"task.data_path={_problems(tmp_path / 'ok.jsonl', 30)}",
+            f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"]
+    assert run_sweep(compose(args), args) == 0
+    assert f"data ({tmp_path / 'ok.jsonl'}): 20 training and 10 validation prompts" in capsys.readouterr().out
+    assert not list(tmp_path.glob("mlflow.db*"))
+
+
 def test_a_layout_that_does_not_fit_its_gpus_fails_in_the_dry_run_naming_the_gb(llama_8b, tmp_path, capsys):
     """The paper's 8B model in one process on one GPU (fp32 masters, AdamW and gradients: 128 GB) fails in
     sweep.dry_run, before anything is created, in one line: the estimate, the memory, the biggest part. The paper's
@@ -245,7 +279,8 @@ def test_a_layout_that_does_not_fit_its_gpus_fails_in_the_dry_run_naming_the_gb(
     from ablate.run import run_sweep
 
     common = ["experiment=paper_8b", f"model.path={llama_8b}", "sweep=loo", "sweep.dry_run=true",
-              f"paths.outputs={tmp_path}", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"]
+              f"task.data_path={_problems(tmp_path / 'math.jsonl', 1100)}", f"paths.outputs={tmp_path}",
+              f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"]
     one = [*common, "run=one_process", "run.trainer_gpus=1", "run.generator_gpus=1", "launcher.nodes=1"]
     with pytest.raises(ValueError) as refused:
         run_sweep(compose(one), one)
