@@ -118,6 +118,11 @@ def _wrong(row, truth, base) -> list[str]:
     return wrong
 
 
+# A claim is a test at a false-claim rate: on mock-like sweeps about 1 verdict in 100 claims a B move that is not
+# there (docs/testing.md#the-mock-truth-test), 0.3 in these 32 verdicts; 3 or more would come 4 times in 1,000
+FALSE_CLAIMS_ALLOWED = 2
+
+
 def test_every_verdict_is_right_on_the_truth(sweeps, reports):
     _, _, _, variants = sweeps
     per_sweep, pooled = reports
@@ -132,7 +137,9 @@ def test_every_verdict_is_right_on_the_truth(sweeps, reports):
             found["B"] += row.verdict.moves_B
             found["compared"] += row.verdict.compute is not None
             wrong += [f"{report.sweep} {row.label}: {w}" for w in _wrong(row, truth[row.label], base)]
-    assert not wrong, "\n".join(wrong)
+    misses, false = [w for w in wrong if ": misses " in w], [w for w in wrong if ": claims " in w]
+    assert not misses, "\n".join(misses)  # a true change at or above the stated resolution is always claimed
+    assert len(false) <= FALSE_CLAIMS_ALLOWED, "\n".join(false)
     assert checked == 4 * 8
     # the test has teeth: the large A effects (fp32 -0.09, dapo -0.06) are above every resolution, so A claims
     # were made and checked in every report
@@ -145,13 +152,16 @@ def test_the_report_shows_the_truth_beside_each_fit_and_agrees_with_this_test(sw
     per_sweep, pooled = reports
     for report in (*per_sweep, pooled):
         truth = _truth(report, variants)
+        agree = 0
         for row in report.rows:
             assert (row.truth.A, row.truth.B, row.truth.C_mid, row.truth.R0) == pytest.approx(truth[row.label])
             if row.expected is not None:  # the report's own judgement, analysis/truth.py: the same as this test's
-                assert (row.truth_disagrees == "") == (not _wrong(row, truth[row.label], truth[report.base]))
+                right = not _wrong(row, truth[row.label], truth[report.base])
+                assert (row.truth_disagrees == "") == right
+                agree += right
         md = report.markdown.read_text()
         assert "## Known truth (generator=mock)" in md and "| variant | A fit | A true | ΔA fit | ΔA true |" in md
-        assert "Mock runs, known truth: 8 of 8 verdicts agree with it" in report.table_md
+        assert f"Mock runs, known truth: {agree} of 8 verdicts agree with it" in report.table_md
         assert max(len(line) for line in report.table_md.splitlines()) <= 120
 
 

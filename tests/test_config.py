@@ -16,7 +16,8 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and not p.name.startswith("_"))
 OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF / g).glob("*.yaml"))]
 AXES = ["loss", "aggregation", "normalization", "precision", "length_control", "off_policy", "filtering"]
-NEEDS = {("model", "hf"): ["model.path=/models/some-8b"]}  # options with a required (???) field
+NEEDS = {("model", "hf"): ["model.path=/models/some-8b"],  # options with a required (???) field
+         ("experiment", "paper_8b"): ["model.path=/models/some-8b"]}
 
 
 def test_every_design_axis_is_a_group_with_the_designed_options():
