@@ -135,3 +135,23 @@ def test_a_model_taught_to_end_its_turn_at_im_end_stops_there_not_at_the_limit(f
     # the same model stopped at the tokenizer's eos alone (as before): rows run past their turn to the limit
     rows = decode(replace(limits, stop_ids=(tokenizer.eos_token_id,)))
     assert sum(r.truncated for r in rows) >= 14  # measured: 16 of 16
+
+
+def test_think_end_as_text_of_several_tokens_ends_thinking_however_it_is_spelled(folders):
+    """Llama-3 has no `</think>` token: it is '</', 'think', '>' or '.</', ' </', '>\n\n', ... Before, a row never
+    left thinking but by the forced interruption; now thinking ends at the token that completes the text."""
+    from ablate.generators.engine import append_token
+
+    cfg = _cfg(folders["llama3"])
+    tokenizer, limits = build_tokenizer(cfg.model), _limits(cfg)
+    assert limits.think_end_id is None and len(limits.token_texts) == len(tokenizer)
+    for text in ("so it is 12.</think>\n\nThe answer is 12", "ok\n</think>\n\n12", "x </think>12", "12</think>\n12"):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        ends = next(i for i in range(len(ids)) if "</think>" in tokenizer.decode(ids[:i + 1]))
+        row = Sequence(0, 1, [128000])
+        for k, token in enumerate(ids):
+            append_token(row, limits, 0, token, -1.0, True)
+            assert row.thinking == (k < ends), (text, k, ends, tokenizer.convert_ids_to_tokens(ids))
+        assert row.answer_tokens == len(ids) - 1 - ends > 0
+    qwen = _limits(_cfg(folders["qwen3"]))  # one token: matched by id, as before
+    assert qwen.think_end_id == THINK_END and qwen.token_texts is None

@@ -24,6 +24,7 @@ import torch
 from transformers import DynamicCache
 
 from ablate.policy import autocast
+from ablate.tasks.base import THINK_END
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Sequence:
     answer_tokens: int = 0  # sampled since thinking ended
     done: bool = False
     truncated: bool = False
+    tail: str = ""  # the text of its last thinking tokens, where `</think>` is text of several tokens
 
     @property
     def n_sampled(self) -> int:
@@ -55,8 +57,14 @@ class Limits:
     max_think_tokens: int
     max_answer_tokens: int
     stop_ids: tuple[int, ...]  # end-of-sequence token ids
-    think_end_id: int | None  # `</think>`, None when the tokenizer has none
+    think_end_id: int | None  # `</think>` as one token; None when the tokenizer has no such token
     phrase_ids: tuple[int, ...] = ()  # the interruption phrase
+    # without that token, each id's text: thinking ends where the row's text does `</think>`, whatever tokens spell it
+    # (Llama-3: '</', 'think', '>' or '.</', ' </', '>\n\n', ...)
+    token_texts: tuple[str, ...] | None = None
+
+
+TAIL_CHARS = 64  # `</think>` and the longest token text that may end it
 
 
 def sample(logp: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
@@ -77,7 +85,9 @@ def append_token(row: Sequence, limits: Limits, version: int, token: int, logpro
         row.done = True
         return
     if row.thinking:
-        if token == lim.think_end_id or (row.interrupted and not row.forced):
+        if lim.token_texts is not None:
+            row.tail = (row.tail + (lim.token_texts[token] if token < len(lim.token_texts) else ""))[-TAIL_CHARS:]
+        if token == lim.think_end_id or (row.interrupted and not row.forced) or THINK_END in row.tail:
             row.thinking = False
         elif row.think_budget is not None and not row.interrupted and len(row.tokens) >= row.think_budget:
             row.interrupted, row.forced = True, list(lim.phrase_ids)

@@ -29,13 +29,16 @@ from ablate.tasks.base import THINK_END
 
 
 def limits_for(cfg: DictConfig, tokenizer, length_control) -> Limits:
+    """The length rules for this tokenizer: `</think>` one token where it has one, else text matched in each row."""
     think_end = tokenizer.convert_tokens_to_ids(THINK_END)
+    one_token = think_end is not None and think_end != tokenizer.unk_token_id
     phrase = length_control.phrase
     return Limits(
         max_think_tokens=int(cfg.generation.max_think_tokens), max_answer_tokens=int(cfg.generation.max_answer_tokens),
         stop_ids=stop_token_ids(cfg.model, cfg.generation, tokenizer),
-        think_end_id=think_end if think_end != tokenizer.unk_token_id else None,
-        phrase_ids=tuple(tokenizer.encode(phrase, add_special_tokens=False)) if phrase else ())
+        think_end_id=think_end if one_token else None,
+        phrase_ids=tuple(tokenizer.encode(phrase, add_special_tokens=False)) if phrase else (),
+        token_texts=None if one_token else tuple(tokenizer.batch_decode([[i] for i in range(len(tokenizer))])))
 
 
 def head_dtype(cfg: DictConfig) -> torch.dtype:
