@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -136,6 +136,13 @@ class Task:
     # the same advantages under group-normalized rewards, not under a length penalty, whose weight is against the gap)
     reward_correct: float = 1.0
     reward_wrong: float = 0.0
+    # how a prompt reaches the model (ablate/tasks/base.py's encode_prompt): false, its text as the tokenizer encodes
+    # it (its special tokens too: Llama-3's BOS); true, the user's turn of the tokenizer's chat template with the
+    # assistant's opened, after a system turn when system_prompt is set; chat_kwargs go to the template
+    # (enable_thinking: false for Qwen3)
+    chat_template: bool = False
+    system_prompt: Optional[str] = None
+    chat_kwargs: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

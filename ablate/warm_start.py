@@ -36,7 +36,7 @@ def warm_start(policy: torch.nn.Module, task, *, steps: int, lr: float, batch_si
         for _ in range(batch_size):
             example = task.warm_start_example(drawn)
             drawn += 1
-            prompt = tok.encode(example[0], add_special_tokens=False)
+            prompt = task.encode_prompt(example[0])  # as RL will prompt it
             completion = tok.encode(example[1], add_special_tokens=False) + [end]
             rows.append(prompt + completion)
             labels.append([-100] * len(prompt) + completion)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -155,3 +156,29 @@ def test_think_end_as_text_of_several_tokens_ends_thinking_however_it_is_spelled
         assert row.answer_tokens == len(ids) - 1 - ends > 0
     qwen = _limits(_cfg(folders["qwen3"]))  # one token: matched by id, as before
     assert qwen.think_end_id == THINK_END and qwen.token_texts is None
+
+
+def test_a_prompt_goes_as_the_tokenizer_wants_it_raw_or_in_its_chat_template(folders):
+    """Raw: the text as the tokenizer encodes it, its special tokens included (Llama-3's BOS: before, none).
+    task.chat_template=true: the user's turn of the family's template, the assistant's turn opened, after a system
+    turn when task.system_prompt is set; the template's own BOS, once."""
+    llama = build(_cfg(folders["llama3"], "task=math").task, tokenizer=build_tokenizer(_cfg(folders["llama3"]).model))
+    assert llama.encode_prompt("Hello world") == [128000, 9906, 1917]
+    cfg = _cfg(folders["llama3"], "task=math", "task.chat_template=true", "task.system_prompt=Be brief.")
+    chat = build(cfg.task, tokenizer=build_tokenizer(cfg.model))
+    ids = chat.encode_prompt("What is 1 + 1?")
+    assert ids.count(128000) == 1 and chat.tokenizer.decode(ids) == (
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nWhat is 1 + 1?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    cfg = _cfg(folders["qwen3-base"], "task=synthetic", "task.chat_template=true")
+    qwen = build(cfg.task, tokenizer=build_tokenizer(cfg.model), seed=0)
+    rendered = qwen.tokenizer.decode(qwen.encode_prompt("reverse 123:"))
+    assert rendered == "<|im_start|>user\nreverse 123:<|im_end|>\n<|im_start|>assistant\n"
+    # the pipeline prompts with it: every row of a problem starts from its encoded prompt
+    generator = build(cfg.generator, cfg=cfg, task=qwen, sampler=None, policy=build_policy(cfg.model))
+    (row,) = generator.pipeline.rows("val", 3, 0, 1, np.random.default_rng(0))
+    assert row.prompt_ids == qwen.encode_prompt(qwen.problem("val", 3).prompt)
+    generator.close()
+    with pytest.raises(ValueError, match="task.chat_template=true: the tokenizer has no chat template"):
+        build(compose(["task.chat_template=true"]).task, tokenizer=build_tokenizer(compose([]).model), seed=0)

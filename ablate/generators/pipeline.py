@@ -234,7 +234,7 @@ class Pipeline:
 
     def rows(self, split: str, index: int, batch: int, count: int, rng: np.random.Generator) -> list[Sequence]:
         """`count` rows sampling problem `index` of `split`, each with its thinking budget (length control)."""
-        ids = self.tok.encode(self.task.problem(split, index).prompt, add_special_tokens=False)
+        ids = self.task.encode_prompt(self.task.problem(split, index).prompt)
         return [Sequence(prompt_index=index, batch=batch, prompt_ids=ids,
                          think_budget=self.length_control.think_budget(rng, self.max_think_tokens))
                 for _ in range(count)]

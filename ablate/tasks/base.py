@@ -33,8 +33,25 @@ class Task:
 
     splits: dict[str, list[Problem]]
 
-    def __init__(self, tokenizer, **_: object):
+    def __init__(self, tokenizer, chat_template: bool = False, system_prompt: str | None = None,
+                 chat_kwargs: dict | None = None, **_: object):
         self.tokenizer = tokenizer
+        self.chat_template, self.system_prompt = chat_template, system_prompt
+        self.chat_kwargs = dict(chat_kwargs or {})
+        if chat_template and not getattr(tokenizer, "chat_template", None):
+            raise ValueError("task.chat_template=true: the tokenizer has no chat template (a base model's may not: "
+                             "leave it false and the prompt goes as text)")
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A prompt's token ids: the text as the tokenizer encodes it, its special tokens included (Llama-3's BOS);
+        or, with task.chat_template, rendered as the user's turn of the tokenizer's chat template (after the system
+        prompt's turn) with the assistant's turn opened, and encoded as rendered (the template writes its own BOS)."""
+        if not self.chat_template:
+            return list(self.tokenizer.encode(text))
+        turns = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        rendered = self.tokenizer.apply_chat_template([*turns, {"role": "user", "content": text}], tokenize=False,
+                                                      add_generation_prompt=True, **self.chat_kwargs)
+        return list(self.tokenizer.encode(rendered, add_special_tokens=False))
 
     def size(self, split: str) -> int:
         return len(self.splits[split])

@@ -88,8 +88,8 @@ def _unique(records: list[dict]) -> list[dict]:
 class MathTask(Task):
     def __init__(self, tokenizer, data_path: str | None = None, n_train_prompts: int = 0, n_val_prompts: int = 10,
                  prompt_template: str = DEFAULT_TEMPLATE, seed: int = 0, task_seed: int = 1234,
-                 warm_start_steps: int = 0, **_: object):
-        super().__init__(tokenizer)
+                 warm_start_steps: int = 0, **rest: object):
+        super().__init__(tokenizer, **rest)  # the prompt's encoding
         self.path = Path(data_path).expanduser() if data_path else SAMPLE
         records = _unique(read_problems(self.path))
         if n_val_prompts < 0 or n_train_prompts < 0:

@@ -42,8 +42,8 @@ _SPLITS: dict[tuple, tuple[list[Problem], list[Problem], frozenset[str]]] = {}  
 class SyntheticTask(Task):
     def __init__(self, tokenizer, ops: list[str], min_digits: int, max_digits: int, n_train_prompts: int,
                  n_val_prompts: int, teacher_accuracy: float = 1.0, seed: int = 0, task_seed: int = 1234,
-                 op_weights: list[float] | None = None, **_: object):
-        super().__init__(tokenizer)
+                 op_weights: list[float] | None = None, **rest: object):
+        super().__init__(tokenizer, **rest)  # the prompt's encoding
         unknown = sorted(set(ops) - set(OPS))
         if unknown or not ops:
             raise ValueError(f"task.ops: unknown op(s) {unknown or ops}; known: {sorted(OPS)}")
