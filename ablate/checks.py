@@ -55,16 +55,20 @@ def check_stops(cfg: DictConfig) -> str | None:
     return f"stop tokens ({cfg.model.path}): {describe_stops(ids, tokenizer)}"
 
 
-def check_lengths(cfg: DictConfig) -> None:
+def check_lengths(cfg: DictConfig) -> str | None:
     """Fail at once, in one line, when a row at its longest (generation.max_prompt_tokens + max_think_tokens +
     max_answer_tokens) would pass the positions of a model from model.path (max_position_embeddings): vLLM refuses
     to start, and our engine would run past what the model was trained on. The tiny models made here are not held
-    to it (their rotary positions have no end)."""
+    to it (their rotary positions have no end). Returns the line printed before any run: the model's size, tying and
+    positions beside the longest row; None for a model made here."""
     if not cfg.model.path:
-        return
+        return None
     import transformers
 
-    positions = getattr(transformers.AutoConfig.from_pretrained(str(cfg.model.path)), "max_position_embeddings", None)
+    from ablate.memory import Shape
+
+    config = transformers.AutoConfig.from_pretrained(str(cfg.model.path))
+    positions = getattr(config, "max_position_embeddings", None)
     gen = cfg.generation
     longest = int(gen.max_prompt_tokens) + int(gen.max_think_tokens) + int(gen.max_answer_tokens)
     if positions is not None and longest > positions:
@@ -72,6 +76,10 @@ def check_lengths(cfg: DictConfig) -> None:
                          f"{gen.max_prompt_tokens} + {gen.max_think_tokens} + {gen.max_answer_tokens} = {longest} "
                          f"tokens, more than model.path={cfg.model.path} has positions for "
                          f"(max_position_embeddings {positions}): lower them")
+    shape = Shape.of(config)
+    size = f"{shape.params / 1e9:.2f}B" if shape.params >= 1e9 else f"{shape.params / 1e6:.1f}M"
+    return (f"model ({cfg.model.path}): {size} parameters, {'tied' if shape.tied else 'untied'} embeddings, "
+            f"{f'{positions:,}' if positions else 'unbounded'} positions; rows of at most {longest:,} tokens")
 
 
 def check_task(cfg: DictConfig) -> str | None:

@@ -101,7 +101,9 @@ def run_single(cfg: DictConfig, overrides: Sequence[str]) -> int:
     stops = check_stops(p.cfg)
     if stops:
         print(stops)
-    check_lengths(p.cfg)
+    model = check_lengths(p.cfg)
+    if model:
+        print(model)
     data = check_task(p.cfg)
     if data:
         print(data)
@@ -162,7 +164,9 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
         stops = check_stops(p.cfg)  # each model's and generation's, once
         if stops:
             print(stops)
-        check_lengths(p.cfg)
+        model = check_lengths(p.cfg)
+        if model:
+            print(model)
     for p in {json.dumps(OmegaConf.to_container(p.cfg.task), sort_keys=True): p for p in planned}.values():
         data = check_task(p.cfg)  # each task's, once
         if data:

@@ -292,4 +292,6 @@ def test_a_layout_that_does_not_fit_its_gpus_fails_in_the_dry_run_naming_the_gb(
     assert run_sweep(compose(common), common) == 0
     printed = capsys.readouterr().out
     assert "9 variants (dry run: nothing submitted)" in printed and "  trainer rank 0: ~69.9 GB of 80 (" in printed
+    assert f"model ({llama_8b}): 8.03B parameters, untied embeddings, 131,072 positions; rows of at most 16,384 " \
+           "tokens" in printed  # Llama-3.1-8B's 8,030,261,248
     assert not list(tmp_path.glob("mlflow.db*"))

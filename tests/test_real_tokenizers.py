@@ -87,8 +87,12 @@ def test_rows_longer_than_the_models_positions_fail_before_any_run_naming_the_le
                                          r"2048 \+ 12288 \+ 2048 = 16384 tokens, more than model.path=.* has "
                                          r"positions for \(max_position_embeddings 4096\): lower them$"):
         check_lengths(compose(["experiment=paper_8b", f"model.path={folder}"]))
-    check_lengths(compose(["experiment=paper_8b", f"model.path={folder}", "generation.max_prompt_tokens=1024",
-                          "generation.max_think_tokens=2048", "generation.max_answer_tokens=1024"]))
+    line = check_lengths(compose(["experiment=paper_8b", f"model.path={folder}", "generation.max_prompt_tokens=1024",
+                                  "generation.max_think_tokens=2048", "generation.max_answer_tokens=1024"]))
+    # what is printed before any run: 151,936 x 64 tied embeddings, 2 layers of 4 x 64^2 + 3 x 64 x 128, the norms
+    params = 151936 * 64 + 2 * (4 * 64 * 64 - 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64) + 64
+    assert line == (f"model ({folder}): {params / 1e6:.1f}M parameters, tied embeddings, 4,096 positions; rows of at "
+                    f"most 4,096 tokens")
     check_lengths(compose(["experiment=paper_8b", "model=llama_1b"]))  # a model made here: no end to its positions
 
 
