@@ -38,19 +38,32 @@ def check_model(model: DictConfig) -> None:
         raise ValueError(f"model.path={model.path}: {where}: {reason}") from None
 
 
-def check_stops(cfg: DictConfig) -> str | None:
-    """Where a completion of a model from model.path ends, as the line printed before any run: its tokenizer's
-    stop ids (ablate/policy.py's stop_token_ids), each with its token. A bad generation.stop_token_ids fails in one
-    line. None for the tokenizer made in code (it stops at its eos)."""
-    if not cfg.model.path:
-        return None
-    from ablate.policy import build_tokenizer, describe_stops, stop_token_ids
+def preflight(cfg: DictConfig) -> list[str]:
+    """What a run is made of, checked before any run (each check fails in one line) and printed: the stop tokens, the
+    model's size and positions, the data's splits; the tokenizer loaded once for all of them."""
+    tokenizer = _tokenizer(cfg.model)
+    return [line for line in (check_stops(cfg, tokenizer), check_lengths(cfg), check_task(cfg, tokenizer)) if line]
+
+
+def _tokenizer(model: DictConfig):
+    from ablate.policy import build_tokenizer
 
     try:
-        tokenizer = build_tokenizer(cfg.model)
+        return build_tokenizer(model)
     except Exception as why:  # noqa: BLE001 - whatever transformers raises, said in one line
         reason = str(why).strip().splitlines()[0] if str(why).strip() else type(why).__name__
-        raise ValueError(f"model.path={cfg.model.path}: no tokenizer loads from it: {reason}") from None
+        raise ValueError(f"model.path={model.path}: no tokenizer loads from it: {reason}") from None
+
+
+def check_stops(cfg: DictConfig, tokenizer=None) -> str | None:
+    """Where a completion of a model from model.path ends, as the line printed before any run: its tokenizer's
+    stop ids (ablate/policy.py's stop_token_ids), each with its token. A bad generation.stop_token_ids, or a folder
+    with no tokenizer, fails in one line. None for the tokenizer made in code (it stops at its eos)."""
+    if not cfg.model.path:
+        return None
+    from ablate.policy import describe_stops, stop_token_ids
+
+    tokenizer = tokenizer if tokenizer is not None else _tokenizer(cfg.model)
     ids = stop_token_ids(cfg.model, cfg.generation, tokenizer)
     return f"stop tokens ({cfg.model.path}): {describe_stops(ids, tokenizer)}"
 
@@ -82,15 +95,15 @@ def check_lengths(cfg: DictConfig) -> str | None:
             f"{f'{positions:,}' if positions else 'unbounded'} positions; rows of at most {longest:,} tokens")
 
 
-def check_task(cfg: DictConfig) -> str | None:
+def check_task(cfg: DictConfig, tokenizer=None) -> str | None:
     """The task built as its jobs will build it, before any run: a data file (task.data_path) there, each record
     with its fields, enough problems for the splits asked; one line naming what is wrong. Returns the line printed
     before any run for a task read from a file (the file and its splits); None for a task made in code."""
-    from ablate.policy import build_tokenizer
     from ablate.registry import build
 
+    tokenizer = tokenizer if tokenizer is not None else _tokenizer(cfg.model)
     try:
-        task = build(cfg.task, tokenizer=build_tokenizer(cfg.model), seed=cfg.seed)
+        task = build(cfg.task, tokenizer=tokenizer, seed=cfg.seed)
     except (OSError, TypeError, ValueError) as why:
         raise ValueError(str(why).strip().splitlines()[0]) from None
     path = getattr(task, "path", None)

@@ -20,8 +20,7 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 
 from ablate import tracking
-from ablate.checks import (check_compute, check_lengths, check_memory, check_model, check_run, check_stops,
-                           check_task, gpu_memory_gb)
+from ablate.checks import check_compute, check_memory, check_model, check_run, gpu_memory_gb, preflight
 from ablate.config import compose, lineage, merge_overrides, override_key, signature
 from ablate.progress import SweepDisplay, StepBar
 from ablate.rungs import check_settings
@@ -98,15 +97,8 @@ def run_single(cfg: DictConfig, overrides: Sequence[str]) -> int:
     """
     (p,) = plan(cfg, overrides)
     check_model(p.cfg.model)  # before any run is created
-    stops = check_stops(p.cfg)
-    if stops:
-        print(stops)
-    model = check_lengths(p.cfg)
-    if model:
-        print(model)
-    data = check_task(p.cfg)
-    if data:
-        print(data)
+    for line in preflight(p.cfg):
+        print(line)
     check_compute(p.cfg.train)
     check_run(p.cfg)
     check_memory(p.cfg, gpu_memory_gb(p.cfg, "local"))
@@ -159,18 +151,10 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
                                                                      if cfg.sweep.dry_run else ""))
     for model in {json.dumps(OmegaConf.to_container(p.cfg.model), sort_keys=True) for p in planned}:
         check_model(OmegaConf.create(json.loads(model)))  # before any run is created
-    for p in {json.dumps(OmegaConf.to_container(p.cfg.model), sort_keys=True)
-              + json.dumps(OmegaConf.to_container(p.cfg.generation), sort_keys=True): p for p in planned}.values():
-        stops = check_stops(p.cfg)  # each model's and generation's, once
-        if stops:
-            print(stops)
-        model = check_lengths(p.cfg)
-        if model:
-            print(model)
-    for p in {json.dumps(OmegaConf.to_container(p.cfg.task), sort_keys=True): p for p in planned}.values():
-        data = check_task(p.cfg)  # each task's, once
-        if data:
-            print(data)
+    made_of = {json.dumps(OmegaConf.to_container(OmegaConf.masked_copy(p.cfg, ["model", "generation", "task"])),
+                          sort_keys=True): p for p in planned}  # the variants' models, generations and tasks, once
+    for line in dict.fromkeys(line for p in made_of.values() for line in preflight(p.cfg)):
+        print(line)
     launcher = OmegaConf.to_container(cfg.launcher, resolve=True, enum_to_str=True)
     requested = str(launcher["cluster"])  # a dry run of launcher=slurm may be made where SLURM is not
     cluster = requested if cfg.sweep.dry_run and requested != "auto" else resolve_cluster(requested)
