@@ -17,6 +17,7 @@ The learner's "model GB" is the memory model's estimate (ablate/memory.py) besid
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import time
 
 import torch
@@ -214,6 +215,9 @@ def whole_run(args, device: torch.device) -> None:
           f"{args.run_prompts} x 16 completions of <= {args.run_tokens} tokens")
     print(f"{'generator':<10} {'s/step':>7} {'gen idle':>9} {'trainer wait':>13} {'logprob gap':>12}")
     for generator in args.run_generators.split(","):
+        if generator == "vllm" and importlib.util.find_spec("vllm") is None:
+            print(f"{generator:<10} not installed")
+            continue
         shape = SMALL if args.small else []
         shape += [f"model.dtype={args.dtype}"] if args.dtype else []
         extra = ["generator.enforce_eager=true", "generator.kv_cache_gib=1"] if generator == "vllm" and \

@@ -3,6 +3,7 @@ at most --budget seconds (default 600), then one table (step, devices, result, s
 
     python bench/gpu_check.py              # on a GPU machine (vLLM's steps need the vllm extra)
     python bench/gpu_check.py --plan       # what it would run here, and nothing else
+    python bench/gpu_check.py --logs $OUT/steps   # on a lent machine: each step's output comes back
 
 Without a GPU it prints its plan and exits 0, so that CI runs it and it cannot rot (tests/test_gpu_check.py).
 """
@@ -10,6 +11,7 @@ Without a GPU it prints its plan and exits 0, so that CI runs it and it cannot r
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import subprocess
 import sys
 import time
@@ -25,22 +27,33 @@ class Step:
     gpus: int  # the fewest GPUs it needs
     budget_s: int  # its time limit
     command: tuple[str, ...]
+    needs: str = ""  # a module it cannot run without: skipped where it is missing
 
 
 PYTEST = (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=")
 STEPS = (
-    Step("CUDA tests (devices, mixed precision)", 1, 120, PYTEST + ("-m", "gpu and not vllm", "tests/")),
+    # the files holding tests marked gpu (tests/test_gpu_check.py keeps this list whole): collecting all of tests/
+    # would need every test extra there (trl, datasets), which a lent machine lacks
+    Step("CUDA tests (devices, mixed precision)", 1, 120, PYTEST + ("-m", "gpu and not vllm", "tests/test_device.py")),
+    # the CPU suite's files whose models follow model.device=auto onto the GPU where there is one; -v names each
+    # test as it ends, so that a step stopped at its limit still says which failed
+    Step("CPU tests that follow model.device=auto onto CUDA", 1, 240,
+         PYTEST + ("-v", "-rfE", "-n", "8", "--timeout", "120", "-m", "not slow and not vllm and not slurm",
+                   "tests/test_device.py", "tests/test_mixed_precision.py", "tests/test_precision.py",
+                   "tests/test_trainer.py", "tests/test_engine.py"), needs="xdist"),
     Step("vLLM in-process on CUDA (graphs on), its rules and loads", 1, 180,
          PYTEST + ("-m", "vllm", "tests/test_vllm.py", "-k",
-                   "not processes_of_their_own and not straight and not warned_direct")),
-    Step("learner MFU, peak memory vs the memory model; hf vs vLLM tokens/s; weight sync; bf16 log-prob gap", 1, 180,
-         (sys.executable, "bench/bench_gpu.py", "--learner-steps", "2", "--run-steps", "3", "--forms", "2",
-          "--every-row")),
+                   "not processes_of_their_own and not straight and not warned_direct"), needs="vllm"),
+    Step("learner MFU, peak memory vs the memory model; hf vs vLLM tokens/s; weight sync", 1, 150,
+         (sys.executable, "bench/bench_gpu.py", "--parts", "learner,generators", "--learner-steps", "2",
+          "--forms", "2")),
+    Step("whole run (paper_8b, 1B): s/step, idle and wait; bf16 log-prob gap", 1, 240,
+         (sys.executable, "bench/bench_gpu.py", "--parts", "run", "--run-steps", "3", "--every-row")),
     Step("vLLM tokens/s with CUDA graphs off", 1, 60,
-         (sys.executable, "bench/bench_gpu.py", "--parts", "generators", "--eager")),
+         (sys.executable, "bench/bench_gpu.py", "--parts", "generators", "--eager"), needs="vllm"),
     Step("FSDP over NCCL + vLLM engine processes, staged, direct, tensor parallel", 3, 300,
          PYTEST + ("-m", "vllm", "tests/test_vllm.py", "-k",
-                   "processes_of_their_own or straight or warned_direct")),
+                   "processes_of_their_own or straight or warned_direct"), needs="vllm"),
 )
 
 
@@ -54,22 +67,34 @@ def _last_line(text: str) -> str:
     return lines[-1][:100] if lines else ""
 
 
-def run(steps: list[Step], budget_s: float) -> list[tuple[Step, str, float, str]]:
-    """Each step in a process of its own, within its own limit and what is left of `budget_s`."""
+def _text(output: bytes | str | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+
+
+def run(steps: list[Step], budget_s: float, logs: Path | None = None) -> list[tuple[Step, str, float, str]]:
+    """Each step in a process of its own, within its own limit and what is left of `budget_s`; with `logs`, each
+    step's whole output goes to a file there (step-1.log, ...), the table keeping only its last line."""
     results, deadline = [], time.monotonic() + budget_s
-    for step in steps:
+    for number, step in enumerate(steps, 1):
         left = deadline - time.monotonic()
         if left < 10:
             results.append((step, "skipped: out of time", 0.0, ""))
+            continue
+        if step.needs and importlib.util.find_spec(step.needs) is None:
+            results.append((step, f"skipped: no {step.needs}", 0.0, ""))
+            print(f"{step.name}: skipped (no {step.needs})", file=sys.stderr, flush=True)
             continue
         began = time.monotonic()
         try:
             out = subprocess.run(step.command, cwd=ROOT, capture_output=True, text=True,
                                  timeout=min(step.budget_s, left))
-            result, said = ("passed" if out.returncode == 0 else f"failed ({out.returncode})"), \
-                _last_line(out.stdout + out.stderr)
-        except subprocess.TimeoutExpired:
-            result, said = "timed out", ""
+            result, said, text = ("passed" if out.returncode == 0 else f"failed ({out.returncode})"), \
+                _last_line(out.stdout + out.stderr), out.stdout + out.stderr
+        except subprocess.TimeoutExpired as stopped:
+            result, said, text = "timed out", "", _text(stopped.stdout) + _text(stopped.stderr)
+        if logs is not None:
+            logs.mkdir(parents=True, exist_ok=True)
+            (logs / f"step-{number}.log").write_text(f"$ {' '.join(step.command)}\n{text}")
         results.append((step, result, time.monotonic() - began, said))
         print(f"{step.name}: {result}", file=sys.stderr, flush=True)
     return results
@@ -83,7 +108,9 @@ def table(rows: list[list[str]]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plan", action="store_true", help="print what would run here, run nothing")
-    parser.add_argument("--budget", type=float, default=600.0, help="seconds for all the steps together")
+    parser.add_argument("--budget", type=float, default=540.0,
+                        help="seconds for all the steps together (a lent machine runs one command 600 s at most)")
+    parser.add_argument("--logs", type=Path, help="a folder for each step's whole output")
     args = parser.parse_args()
     import torch
 
@@ -99,7 +126,7 @@ def main() -> int:
         return 0
     rows = [["step", "GPUs", "result", "s", "said last"]]
     rows += [[s.name, str(s.gpus), result, f"{seconds:.0f}", said]
-             for s, result, seconds, said in run(steps, args.budget)]
+             for s, result, seconds, said in run(steps, args.budget, args.logs)]
     print(table(rows))
     return 0
 

@@ -22,13 +22,41 @@ def test_without_a_gpu_it_prints_its_plan_and_exits_0():
     out = subprocess.run([sys.executable, "bench/gpu_check.py"], cwd=ROOT, capture_output=True, text=True,
                          env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("0 GPU(s) here: 0 of 5 steps fit")
+    assert out.stdout.startswith("0 GPU(s) here: 0 of 7 steps fit")
     assert "FSDP over NCCL + vLLM engine processes" in out.stdout and ">= 3" in out.stdout
 
 
 def test_the_plan_fits_the_devices_and_every_step_names_what_exists():
     check = _module()
-    assert [s.gpus for s in check.plan(1)] == [1, 1, 1, 1] and len(check.plan(4)) == 5 and check.plan(0) == []
+    assert [s.gpus for s in check.plan(1)] == [1, 1, 1, 1, 1, 1] and len(check.plan(4)) == 7 and check.plan(0) == []
     for step in check.STEPS:
         paths = [part for part in step.command if part.startswith(("tests/", "bench/"))]
         assert paths and all((ROOT / p).exists() for p in paths), step.name
+
+
+def test_each_step_leaves_its_whole_output_in_the_logs_folder_even_when_it_runs_out_of_time(tmp_path):
+    check = _module()
+    talks = check.Step("talks", 1, 60, (sys.executable, "-c", "print('first'); print('last')"))
+    sleeps = check.Step("sleeps", 1, 1, (sys.executable, "-c", "print('before', flush=True); import time; "
+                                                                "time.sleep(30)"))
+    results = check.run([talks, sleeps], budget_s=60, logs=tmp_path / "logs")
+    assert [(r[1], r[3]) for r in results] == [("passed", "last"), ("timed out", "")]
+    assert (tmp_path / "logs" / "step-1.log").read_text().endswith("first\nlast\n")
+    assert "before" in (tmp_path / "logs" / "step-2.log").read_text()
+
+
+def test_the_cuda_step_collects_every_file_that_holds_a_test_marked_gpu():
+    """Collecting all of tests/ there would need every test extra; so the step names its files, and none is left out."""
+    check = _module()
+    named = {part for step in check.STEPS if "gpu and not vllm" in step.command for part in step.command
+             if part.startswith("tests/")}
+    marked = {f"tests/{path.name}" for path in (ROOT / "tests").glob("test_*.py")
+              if "mark.gpu" in path.read_text() and path.name not in ("test_vllm.py", "test_gpu_check.py")}
+    assert marked and marked <= named, marked - named
+
+
+def test_a_step_whose_module_is_missing_is_skipped_not_failed():
+    check = _module()
+    missing = check.Step("needs nothing real", 1, 60, (sys.executable, "-c", "raise SystemExit(5)"),
+                         needs="no_such_module_anywhere")
+    assert check.run([missing], budget_s=60) == [(missing, "skipped: no no_such_module_anywhere", 0.0, "")]
