@@ -21,7 +21,7 @@ def check_model(model: DictConfig) -> None:
                          f"(model.path=/models/Qwen3-1.7B); without one it would train the tiny random model")
     if not model.path:
         return
-    import transformers
+    from ablate.policy import model_config
 
     path = Path(str(model.path)).expanduser()
     looks_local = path.is_absolute() or str(model.path).startswith((".", "~")) or path.exists()
@@ -30,11 +30,15 @@ def check_model(model: DictConfig) -> None:
     if looks_local and not (path / "config.json").is_file():
         raise ValueError(f"model.path={model.path}: the folder has no config.json (tried {path / 'config.json'})")
     try:
-        transformers.AutoConfig.from_pretrained(str(path) if looks_local else str(model.path))
+        model_config(model)  # with its revision, trust_remote_code and overrides, as the jobs will read it
     except Exception as why:  # noqa: BLE001 - whatever transformers raises, said in one line
+        if str(why).startswith("model.overrides."):
+            raise
         where = f"its config.json ({path / 'config.json'})" if looks_local else \
             "not a local folder, and the Hugging Face hub (or its cache) gave no model of that name"
         reason = str(why).strip().splitlines()[0] if str(why).strip() else type(why).__name__
+        if "trust_remote_code" in str(why) and not model.get("trust_remote_code"):
+            reason += " Set model.trust_remote_code=true to run the folder's own code."
         raise ValueError(f"model.path={model.path}: {where}: {reason}") from None
 
 
@@ -76,11 +80,10 @@ def check_lengths(cfg: DictConfig) -> str | None:
     positions beside the longest row; None for a model made here."""
     if not cfg.model.path:
         return None
-    import transformers
-
     from ablate.memory import Shape
+    from ablate.policy import model_config
 
-    config = transformers.AutoConfig.from_pretrained(str(cfg.model.path))
+    config = model_config(cfg.model)  # model.overrides included (max_position_embeddings, rope_scaling)
     positions = getattr(config, "max_position_embeddings", None)
     gen = cfg.generation
     longest = int(gen.max_prompt_tokens) + int(gen.max_think_tokens) + int(gen.max_answer_tokens)
@@ -95,20 +98,36 @@ def check_lengths(cfg: DictConfig) -> str | None:
             f"{f'{positions:,}' if positions else 'unbounded'} positions; rows of at most {longest:,} tokens")
 
 
+PROMPT_SHOWN = 600  # characters of the rendered prompt the pre-flight prints
+
+
 def check_task(cfg: DictConfig, tokenizer=None) -> str | None:
-    """The task built as its jobs will build it, before any run: a data file (task.data_path) there, each record
-    with its fields, enough problems for the splits asked; one line naming what is wrong. Returns the line printed
-    before any run for a task read from a file (the file and its splits); None for a task made in code."""
+    """The task built as its jobs will build it, before any run: its data there (task.data_path, val_data_path),
+    each record with its fields, prompts over generation.max_prompt_tokens dropped or refused, enough problems for
+    the splits asked; one line naming what is wrong. Returns the lines printed before any run for a task read from
+    data (its splits, what was dropped and why) or prompting a model from model.path (its first training prompt as
+    the model will see it, with its token count); None for a task made in code for a model made here."""
     from ablate.registry import build
 
     tokenizer = tokenizer if tokenizer is not None else _tokenizer(cfg.model)
     try:
-        task = build(cfg.task, tokenizer=tokenizer, seed=cfg.seed)
+        task = build(cfg.task, tokenizer=tokenizer, seed=cfg.seed,
+                     max_prompt_tokens=cfg.generation.max_prompt_tokens)
     except (OSError, TypeError, ValueError) as why:
         raise ValueError(str(why).strip().splitlines()[0]) from None
-    path = getattr(task, "path", None)
-    return f"data ({path}): {task.size('train'):,} training and {task.size('val'):,} validation prompts" if path \
-        else None
+    lines = []
+    path, val_path = getattr(task, "path", None), getattr(task, "val_path", None)
+    if path:
+        dropped = getattr(task, "dropped", {})
+        lines.append(f"data ({path}{f', validation {val_path}' if val_path else ''}): {task.size('train'):,} "
+                     f"training and {task.size('val'):,} validation prompts"
+                     + (f"; dropped {', '.join(f'{n:,} {why}' for why, n in dropped.items())}" if dropped else ""))
+    if path or cfg.model.path:
+        prompt = task.problem("train", 0).prompt
+        text = task.render(prompt)
+        shown = text if len(text) <= PROMPT_SHOWN else text[:PROMPT_SHOWN] + f"... ({len(text) - PROMPT_SHOWN} more)"
+        lines.append(f"prompt (the first training one, {len(task.encode_prompt(prompt)):,} tokens): {shown!r}")
+    return "\n".join(lines) or None
 
 
 def check_compute(train: DictConfig) -> None:

@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Callable
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 
 def build_tokenizer(model: DictConfig):
@@ -24,13 +24,19 @@ def build_tokenizer(model: DictConfig):
     if model.path:
         import transformers
 
-        tokenizer = transformers.AutoTokenizer.from_pretrained(model.path)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(model.path, **hub_args(model))
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         return tokenizer
     from ablate.tasks.tokenizer import build_tokenizer as code_tokenizer
 
     return code_tokenizer()
+
+
+def hub_args(model: DictConfig) -> dict:
+    """What every read of model.path passes (transformers' from_pretrained; vLLM's EngineArgs): the revision and
+    whether the folder's own code may run."""
+    return {"revision": model.get("revision"), "trust_remote_code": bool(model.get("trust_remote_code", False))}
 
 
 def end_of_turn_id(tokenizer) -> int | None:
@@ -66,7 +72,8 @@ def stop_token_ids(model: DictConfig, generation: DictConfig, tokenizer) -> tupl
         import transformers
 
         try:
-            eos = transformers.GenerationConfig.from_pretrained(str(model.path)).eos_token_id
+            eos = transformers.GenerationConfig.from_pretrained(str(model.path),
+                                                                revision=model.get("revision")).eos_token_id
         except OSError:  # no generation_config.json: the tokenizer alone
             eos = None
         ids = [eos] if isinstance(eos, int) else list(eos or [])
@@ -113,19 +120,33 @@ def build_policy(model: DictConfig, seed: int = 0, tokenizer=None, *, read_weigh
     import transformers
 
     if model.path and read_weights:
-        return transformers.AutoModelForCausalLM.from_pretrained(model.path, dtype=dtype).to(device_of(model))
+        return transformers.AutoModelForCausalLM.from_pretrained(model.path, config=model_config(model), dtype=dtype,
+                                                                 **hub_args(model)).to(device_of(model))
     config = model_config(model, tokenizer)
     torch.manual_seed(seed)
     with torch.device(device_of(model)):  # made where it runs (no CPU copy of a GPU model first)
         return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
 
 
+def overrides(model: DictConfig) -> dict:
+    """model.overrides as plain values (a rope_scaling dict, not a DictConfig)."""
+    found = model.get("overrides")
+    return OmegaConf.to_container(found, resolve=True) if isinstance(found, DictConfig) else dict(found or {})
+
+
 def model_config(model: DictConfig, tokenizer=None):
-    """The transformers config: model.path's, or the tiny Llama's from model's fields."""
+    """The transformers config: model.path's with model.overrides replacing its fields, or the tiny Llama's from
+    model's fields."""
     import transformers
 
     if model.path:
-        return transformers.AutoConfig.from_pretrained(model.path)
+        config = transformers.AutoConfig.from_pretrained(model.path, **hub_args(model))
+        for key, value in overrides(model).items():
+            if not hasattr(config, key):
+                raise ValueError(f"model.overrides.{key}: {type(config).__name__} of model.path={model.path} has "
+                                 f"no field {key!r}")
+            setattr(config, key, value)
+        return config
     vocab = model.vocab_size or len(tokenizer if tokenizer is not None else build_tokenizer(model))
     if tokenizer is not None and vocab < len(tokenizer):
         raise ValueError(f"model.vocab_size={vocab} is smaller than the tokenizer's {len(tokenizer)} tokens")

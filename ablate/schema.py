@@ -112,6 +112,13 @@ class Model:
     # checkpoint (model=hf) leaves it `???`, and a default of null would win the merge over it (OmegaConf keeps a
     # value under `???`): the tiny random model planned in a real one's place
     path: Optional[str] = MISSING
+    # how model.path is read (ablate/policy.py's hub_args and model_config), by transformers and by vLLM alike:
+    # revision, a hub branch, tag or commit; trust_remote_code, run the folder's own modelling code (models not in
+    # transformers); overrides, fields of its config.json replaced (max_position_embeddings, rope_scaling; vLLM's
+    # hf_overrides)
+    revision: Optional[str] = None
+    trust_remote_code: bool = False
+    overrides: Dict[str, Any] = field(default_factory=dict)
     vocab_size: int = 0  # the tiny model's vocabulary: 0 = the tokenizer's size
     hidden_size: int = 64
     intermediate_size: int = 0  # the MLP's width: 0 = 4 x hidden_size
@@ -161,6 +168,17 @@ class MathTask(Task):
     prompt_template: str = ("Solve the following math problem. Think it through step by step, then write only the "
                             "final answer, as \\boxed{{answer}}.\n\nProblem: {problem}\n<think>\n")
     task_seed: int = 1234  # the held-out split
+    # the data (ablate/tasks/data.py): data_path is a .jsonl, .json, .parquet or .csv file, a folder shaped like a hub
+    # download, or a hub id (owner/name; data_split and data_revision apply to folders and ids); val_data_path, a
+    # validation set of its own (then n_val_prompts come from it and none of its problems trains); fields, the
+    # columns holding each record's problem, answer and solution (a dotted name reaches into nested records; a
+    # problem may be a conversation, a list of {role, content} turns, rendered with task.chat_template)
+    val_data_path: Optional[str] = None
+    data_split: str = "train"
+    data_revision: Optional[str] = None
+    fields: Dict[str, str] = field(default_factory=lambda: {"problem": "problem", "answer": "answer",
+                                                            "solution": "solution"})
+    overlong_prompts: str = "drop"  # a prompt over generation.max_prompt_tokens: drop (counted, printed) | error
 
 
 @dataclass

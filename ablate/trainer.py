@@ -389,7 +389,8 @@ class _Run:
         self.cfg, self.run_id, self.tracker = cfg, run_id, tracker
         self.samples_policy = capabilities(cfg.generator).samples_policy  # False: a simulator (the mock)
         tokenizer = build_tokenizer(cfg.model)
-        task = build(cfg.task, tokenizer=tokenizer, seed=cfg.seed)
+        task = build(cfg.task, tokenizer=tokenizer, seed=cfg.seed,
+                     max_prompt_tokens=cfg.generation.max_prompt_tokens)
         policy = build_policy(cfg.model, cfg.seed, tokenizer)
         if cfg.task.warm_start_steps > 0 and self.samples_policy:  # the same warm-started weights for every variant
             key = {"model": OmegaConf.to_container(cfg.model), "task": OmegaConf.to_container(cfg.task),

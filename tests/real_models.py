@@ -25,6 +25,9 @@ LLAMA_PATTERN = QWEN_PATTERN.replace(r"|\p{N}|", r"|\p{N}{1,3}|")
 CHATML = ("{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
           "'<|im_end|>' + '\n' }}{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
           "{%- endif %}")
+# Qwen3's: with enable_thinking=false its template opens the assistant's turn with an empty thinking block
+QWEN3_CHAT = CHATML.replace("{%- endif %}", "{%- if enable_thinking is defined and enable_thinking is false %}"
+                            "{{ '<think>\n\n</think>\n\n' }}{%- endif %}{%- endif %}")
 LLAMA3_CHAT = ("{{- bos_token }}{%- for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
                "'<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}{%- endfor %}"
                "{%- if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}")
@@ -55,7 +58,7 @@ LLAMA3_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "
 
 FAMILIES = {
     # Qwen3-1.7B (post-trained): its tokenizer's eos is <|im_end|>, its generation config ends at both
-    "qwen3": Family("qwen3", QWEN_PATTERN, None, "<|im_end|>", "<|endoftext|>", (151645, 151643), CHATML,
+    "qwen3": Family("qwen3", QWEN_PATTERN, None, "<|im_end|>", "<|endoftext|>", (151645, 151643), QWEN3_CHAT,
                     QWEN3_CONFIG),
     # a Qwen base model (Qwen3-8B-Base, Qwen2.5-Math-1.5B): eos <|endoftext|>; its chat template ends a turn at
     # <|im_end|>, which neither the tokenizer's eos nor the generation config names

@@ -253,10 +253,10 @@ def test_a_data_file_that_is_missing_misshapen_or_short_fails_before_any_run_in_
     from ablate.run import run_sweep
 
     cases = {
-        str(tmp_path / "nowhere.jsonl"): f"task=math: data file {tmp_path / 'nowhere.jsonl'} does not exist",
+        str(tmp_path / "nowhere.jsonl"): f"task.data_path={tmp_path / 'nowhere.jsonl'}: no such file or folder",
         str(_problems(tmp_path / "other.jsonl", 20, ("question", "solution"))):
-            f"task=math: {tmp_path / 'other.jsonl'}:1: needs a non-empty string `problem` (keys found: ['question', "
-            f"'solution'])",
+            f"task=math: {tmp_path / 'other.jsonl'}:1: needs a non-empty string or a list of {{role, content}} turns "
+            f"in `problem` (task.fields.problem; keys found: ['question', 'solution'])",
         str(_problems(tmp_path / "short.jsonl", 900)):
             f"task=math: {tmp_path / 'short.jsonl'} has 900 distinct problems; 1000 validation + the rest training "
             f"asked"}
@@ -266,7 +266,8 @@ def test_a_data_file_that_is_missing_misshapen_or_short_fails_before_any_run_in_
         with pytest.raises(ValueError) as refused:
             run_sweep(compose(args), args)
         assert str(refused.value).startswith(says) and "\n" not in str(refused.value), str(refused.value)
-    args = ["task=math", "sweep=loo", "sweep.dry_run=true", f"task.data_path={_problems(tmp_path / 'ok.jsonl', 30)}",
+    args = ["task=math", "generation.max_prompt_tokens=256", "sweep=loo", "sweep.dry_run=true",
+            f"task.data_path={_problems(tmp_path / 'ok.jsonl', 30)}",
             f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"]
     assert run_sweep(compose(args), args) == 0
     assert f"data ({tmp_path / 'ok.jsonl'}): 20 training and 10 validation prompts" in capsys.readouterr().out

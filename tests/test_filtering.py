@@ -117,7 +117,8 @@ def test_a_finite_task_that_npr_used_up_ends_the_run_cleanly_saying_why(tmp_path
     from ablate.config import compose
     from ablate.trainer import train
 
-    cfg = compose(["task=math", "task.n_train_prompts=4", "task.n_val_prompts=2", "task.val_samples=1",
+    cfg = compose(["task=math", "generation.max_prompt_tokens=256", "task.n_train_prompts=4", "task.n_val_prompts=2",
+                   "task.val_samples=1",
                    "batch.prompts_per_step=2", "batch.samples_per_prompt=2", "filtering.npr_threshold=0.0",
                    "generation.max_think_tokens=4", "generation.max_answer_tokens=4", "train.steps=6",
                    f"paths.outputs={tmp_path}"])

@@ -131,7 +131,8 @@ def _train(overrides: list[str], outputs, mlflow_uri: str, experiment: str):
 
 def test_the_math_task_runs_through_the_trainer_with_its_answer_checking(tmp_path, mlflow_uri):
     """task=math on the tiny model (it solves nothing: the point is the path, prompts in, checked answers out)."""
-    client, run_id, seen = _train(["task=math", "train.steps=2", "task.n_val_prompts=4", "task.val_samples=2"],
+    client, run_id, seen = _train(["task=math", "generation.max_prompt_tokens=256", "train.steps=2",
+                                   "task.n_val_prompts=4", "task.val_samples=2"],
                                   tmp_path, mlflow_uri, "math")
     assert len(seen) == 2 and client.get_run(run_id).info.status == "FINISHED"
     assert client.get_run(run_id).data.params["task.name"] == "math"

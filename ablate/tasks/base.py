@@ -19,7 +19,7 @@ class PromptsExhausted(RuntimeError):
 
 @dataclass(frozen=True)
 class Problem:
-    prompt: str  # the text the model continues
+    prompt: str | tuple  # the text the model continues, or a conversation: (role, content) turns (task.chat_template)
     answer: str  # the reference final answer
 
 
@@ -42,16 +42,23 @@ class Task:
             raise ValueError("task.chat_template=true: the tokenizer has no chat template (a base model's may not: "
                              "leave it false and the prompt goes as text)")
 
-    def encode_prompt(self, text: str) -> list[int]:
+    def encode_prompt(self, prompt: str | tuple) -> list[int]:
         """A prompt's token ids: the text as the tokenizer encodes it, its special tokens included (Llama-3's BOS);
         or, with task.chat_template, rendered as the user's turn of the tokenizer's chat template (after the system
-        prompt's turn) with the assistant's turn opened, and encoded as rendered (the template writes its own BOS)."""
+        prompt's turn) with the assistant's turn opened, and encoded as rendered (the template writes its own BOS).
+        A conversation, (role, content) turns, is rendered as it is (task.system_prompt first, if it has none)."""
+        return list(self.tokenizer.encode(self.render(prompt), add_special_tokens=not self.chat_template))
+
+    def render(self, prompt: str | tuple) -> str:
+        """The text a prompt is encoded from (encode_prompt), as the pre-flight shows it."""
         if not self.chat_template:
-            return list(self.tokenizer.encode(text))
-        turns = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        rendered = self.tokenizer.apply_chat_template([*turns, {"role": "user", "content": text}], tokenize=False,
-                                                      add_generation_prompt=True, **self.chat_kwargs)
-        return list(self.tokenizer.encode(rendered, add_special_tokens=False))
+            return prompt
+        turns = [{"role": role, "content": content} for role, content in
+                 (prompt if isinstance(prompt, tuple) else (("user", prompt),))]
+        if self.system_prompt and turns[0]["role"] != "system":
+            turns.insert(0, {"role": "system", "content": self.system_prompt})
+        return self.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True,
+                                                  **self.chat_kwargs)
 
     def size(self, split: str) -> int:
         return len(self.splits[split])

@@ -29,6 +29,7 @@ from sympy.parsing.sympy_parser import (
     standard_transformations,
 )
 
+from ablate.tasks import data
 from ablate.tasks.base import Problem, Task, final_answer
 
 try:
@@ -53,34 +54,31 @@ def read_problems(path: Path) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"task=math: data file {path} does not exist (task.data_path)")
     records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if line.strip():
-            records.append(_record(line, f"{path}:{number}"))
+    for number, record in data.read_records(str(path)):
+        records.append(record)
+        where = f"task=math: {path}:{number}"
+        record["problem"], record["answer"] = data.problem_of(record, "problem", where), \
+            data.answer_of(record, "answer", where)
     return records
 
 
-def _record(line: str, where: str) -> dict:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"task=math: {where}: not a JSON object ({error})") from None
-    if not isinstance(record, dict):
-        raise TypeError(f"task=math: {where}: not a JSON object")
-    for key in ("problem", "answer"):
-        value = record.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            record[key] = value = str(value)
-        if not isinstance(value, str) or not value.strip():
-            raise ValueError(f"task=math: {where}: needs a non-empty string `{key}` (keys found: {sorted(record)})")
-    return record
+def _problems(source: str, fields: dict, split: str, revision: str | None) -> list[tuple]:
+    """(problem, answer, solution) of each record of `source`, by the task's field names."""
+    unknown = sorted(set(fields) - set(data.FIELDS))
+    if unknown:
+        raise ValueError(f"task.fields: unknown {unknown}; known: {list(data.FIELDS)} (each names a record's column)")
+    names = {**{name: name for name in data.FIELDS}, **fields}
+    out = []
+    for number, record in data.read_records(source, split, revision):
+        where = f"task=math: {source}:{number}"
+        solution = data.field(record, names["solution"])
+        out.append((data.problem_of(record, names["problem"], where), data.answer_of(record, names["answer"], where),
+                    solution if isinstance(solution, str) and solution else None))
+    return out
 
 
-def _unique(records: list[dict]) -> list[dict]:
-    """The first record of each problem text: a duplicate could otherwise be in both splits."""
-    seen: dict[str, dict] = {}
-    for record in records:
-        seen.setdefault(record["problem"].strip(), record)
-    return list(seen.values())
+def _key(problem) -> str:
+    return problem if isinstance(problem, str) else json.dumps(problem)
 
 
 # ---- the task
@@ -88,28 +86,85 @@ def _unique(records: list[dict]) -> list[dict]:
 class MathTask(Task):
     def __init__(self, tokenizer, data_path: str | None = None, n_train_prompts: int = 0, n_val_prompts: int = 10,
                  prompt_template: str = DEFAULT_TEMPLATE, seed: int = 0, task_seed: int = 1234,
-                 warm_start_steps: int = 0, **rest: object):
+                 warm_start_steps: int = 0, val_data_path: str | None = None, data_split: str = "train",
+                 data_revision: str | None = None, fields: dict | None = None, max_prompt_tokens: int = 0,
+                 overlong_prompts: str = "drop", **rest: object):
         super().__init__(tokenizer, **rest)  # the prompt's encoding
-        self.path = Path(data_path).expanduser() if data_path else SAMPLE
-        records = _unique(read_problems(self.path))
+        self.path = str(Path(data_path).expanduser()) if data_path else str(SAMPLE)
+        self.val_path = str(Path(val_data_path).expanduser()) if val_data_path else None
         if n_val_prompts < 0 or n_train_prompts < 0:
             raise ValueError(f"task=math: negative prompt counts ({n_train_prompts}, {n_val_prompts})")
-        n_train = n_train_prompts or len(records) - n_val_prompts
-        if n_train <= 0 or n_train + n_val_prompts > len(records):
-            raise ValueError(f"task=math: {self.path} has {len(records)} distinct problems; "
-                             f"{n_val_prompts} validation + {n_train_prompts or 'the rest'} training asked")
+        if overlong_prompts not in ("drop", "error"):
+            raise ValueError(f"task.overlong_prompts={overlong_prompts}: drop or error")
         self.template = prompt_template
         self._check_template()
+        self.dropped: dict[str, int] = {}  # why -> how many records were left out
+        self._longest = 0  # tokens, of the longest prompt dropped for its length
+        fields = dict(fields or {})
+        train = self._kept(_problems(self.path, fields, data_split, data_revision), max_prompt_tokens,
+                           overlong_prompts)
+        val = self._kept(_problems(self.val_path, fields, data_split, data_revision), max_prompt_tokens,
+                         overlong_prompts) if self.val_path else None
         # The split does not depend on the run's seed: every variant of a sweep sees the same task.
-        order = np.random.default_rng(task_seed).permutation(len(records)).tolist()
-        val, train = order[:n_val_prompts], order[n_val_prompts:n_val_prompts + n_train]
-        self.splits = {"val": [self._problem(records[i]) for i in val],
-                       "train": [self._problem(records[i]) for i in train]}
-        solutions = [records[i].get("solution") for i in train]
-        self._solutions = solutions if all(isinstance(s, str) and s for s in solutions) else None
+        rng = np.random.default_rng(task_seed)
+        if val is None:  # held out of the one file
+            n_train = n_train_prompts or len(train) - n_val_prompts
+            if n_train <= 0 or n_train + n_val_prompts > len(train):
+                raise ValueError(f"task=math: {self.path} has {len(train)} distinct problems{self._after()}; "
+                                 f"{n_val_prompts} validation + {n_train_prompts or 'the rest'} training asked")
+            order = rng.permutation(len(train)).tolist()
+            val = [train[i] for i in order[:n_val_prompts]]
+            train = [train[i] for i in order[n_val_prompts:n_val_prompts + n_train]]
+        else:  # a file of its own: its first n_val_prompts (permuted), and no training problem among them
+            if n_val_prompts > len(val) or not n_val_prompts:
+                raise ValueError(f"task=math: {self.val_path} has {len(val)} distinct problems{self._after()}; "
+                                 f"task.n_val_prompts={n_val_prompts} asked (1 or more)")
+            val = [val[i] for i in rng.permutation(len(val))[:n_val_prompts]]
+            held = {_key(problem) for problem, _, _ in val}
+            before, train = len(train), [record for record in train if _key(record[0]) not in held]
+            self._drop("in the validation file", before - len(train))
+            n_train = n_train_prompts or len(train)
+            if not train or n_train > len(train):
+                raise ValueError(f"task=math: {self.path} has {len(train)} distinct problems not in the validation "
+                                 f"file{self._after()}; {n_train_prompts or 'the rest'} training asked")
+            train = [train[i] for i in rng.permutation(len(train))[:n_train]]
+        self.splits = {"val": [self._problem(p, a) for p, a, _ in val],
+                       "train": [self._problem(p, a) for p, a, _ in train]}
+        solutions = [solution for _, _, solution in train]
+        self._solutions = solutions if all(solutions) else None
         if warm_start_steps > 0 and self._solutions is None:
             raise ValueError(f"task.warm_start_steps={warm_start_steps}: the warm start trains on each training "
                              f"problem's `solution`, and not every problem of {self.path} has one: set it to 0")
+
+    def _kept(self, records: list[tuple], max_prompt_tokens: int, overlong: str) -> list[tuple]:
+        """The first record of each problem (a duplicate could otherwise be in both splits), and with
+        `max_prompt_tokens`, only those whose prompt fits it (or an error, with overlong='error')."""
+        seen: dict[str, tuple] = {}
+        for record in records:
+            seen.setdefault(_key(record[0]), record)
+        self._drop("repeated", len(records) - len(seen))
+        kept = list(seen.values())
+        if max_prompt_tokens > 0:
+            lengths = [len(self.encode_prompt(self._problem(p, a).prompt)) for p, a, _ in kept]
+            over = [length for length in lengths if length > max_prompt_tokens]
+            if over and overlong == "error":
+                raise ValueError(f"task=math: {len(over)} prompts are longer than generation.max_prompt_tokens="
+                                 f"{max_prompt_tokens} (the longest {max(over):,} tokens): raise it, or drop them "
+                                 f"with task.overlong_prompts=drop")
+            kept = [record for record, length in zip(kept, lengths) if length <= max_prompt_tokens]
+            self._drop(f"over {max_prompt_tokens:,} prompt tokens", len(over))
+            self._longest = max([self._longest, *over])
+        return kept
+
+    def _drop(self, why: str, count: int) -> None:
+        if count:
+            self.dropped[why] = self.dropped.get(why, 0) + count
+
+    def _after(self) -> str:
+        if not self.dropped:
+            return ""
+        hint = f" (the longest {self._longest:,} tokens: raise generation.max_prompt_tokens)" if self._longest else ""
+        return f" after dropping {', '.join(f'{n:,} {why}' for why, n in self.dropped.items())}{hint}"
 
     def _check_template(self) -> None:
         try:
@@ -118,8 +173,14 @@ class MathTask(Task):
             raise ValueError(f"task.prompt_template: must name only {{problem}} and double every other brace "
                              f"({{{{ }}}}): {error!r}") from None
 
-    def _problem(self, record: dict) -> Problem:
-        return Problem(prompt=self.template.format(problem=record["problem"].strip()), answer=record["answer"].strip())
+    def _problem(self, problem, answer: str) -> Problem:
+        """A text problem goes through the prompt template; a conversation goes as it is (its last turn the user's)."""
+        if not isinstance(problem, str):
+            if not self.chat_template:
+                raise ValueError("task=math: the data's problems are conversations (lists of turns): set "
+                                 "task.chat_template=true to render them with the tokenizer's template")
+            return Problem(prompt=problem, answer=answer)
+        return Problem(prompt=self.template.format(problem=problem), answer=answer)
 
     def correct(self, completion: str, problem: Problem) -> bool:
         answer = extract_answer(final_answer(completion))
