@@ -15,6 +15,7 @@ from pathlib import Path
 
 from analysis.adaptive import gpu_hours_saved, stopped_at
 from analysis.law import CI_LEVEL, fmt_compute
+from analysis.published import CAPTION, published, setup_of
 from analysis.rank import (A_NOT_IDENTIFIED, A_TIE, BASELINE, BOTH, CATEGORIES, CRITICAL, MOVES_A, MOVES_B, MOVES_C,
                            NO_CHANGE, NOT_TESTABLE)
 from analysis.runs import ALL_SWEEPS, EXTENDED_TAG
@@ -466,6 +467,26 @@ EXTRAP_TEXT = ("Each variant refitted on the first {fraction:.0%} of its compute
                "R = A - D/C^B fitted to the same points, for contrast.")
 
 
+# --- beside the paper ----------------------------------------------------------------------------------------
+
+BESIDE_HEADERS = ["variant", "A here", "A, paper", "ΔA here", "ΔA, paper", "B here", "B, paper", "ΔB here",
+                  "ΔB, paper"]
+
+
+def beside_cells(report) -> list[list[str]]:
+    """Each LOO variant's A and B beside the paper's (analysis/published.py); none for a sweep of other variants."""
+    cells = []
+    for row, short in zip(report.rows, table_cells(report.rows)):
+        paper = published(row.label)
+        if paper is not None:
+            cells.append([row.label, short[2], paper.A, short[4], paper.dA, short[3], paper.B, short[5], paper.dB])
+    return cells if any(row.label in ("scalerl", "loo-dapo") for row in report.rows) else []
+
+
+def beside_caption(report) -> str:
+    return CAPTION.format(setup=setup_of(report.rows[0].curve.params) if report.rows else "?")
+
+
 def _fraction(report) -> float:
     return report.rows[0].extrapolation.fraction if report.rows else math.nan
 
@@ -478,6 +499,9 @@ def markdown_page(report) -> str:
     if adaptive_cells(report):
         parts += ["## What the adaptive sweep did", "", md_table(ADAPTIVE_HEADERS, adaptive_cells(report)), "",
                   adaptive_total(report), ""]
+    if beside_cells(report):
+        parts += ["## Beside the paper", "", md_table(BESIDE_HEADERS, beside_cells(report)), "",
+                  beside_caption(report), ""]
     parts += ["## Fits", "", md_table(FULL_HEADERS, full_cells(report.rows)), ""]
     notes = note_lines(report)
     if notes:
@@ -552,6 +576,11 @@ def html_page(report) -> str:
         truth += (f"<h2>What the adaptive sweep did</h2>"
                   f"{_html_table(ADAPTIVE_HEADERS, adaptive, [''] * len(adaptive), range(4, 6))}"
                   f'<p class="small">{esc(adaptive_total(report))}</p>')
+    beside = beside_cells(report)
+    if beside:
+        truth += (f"<h2>Beside the paper</h2>"
+                  f"{_html_table(BESIDE_HEADERS, beside, [''] * len(beside), range(1, 9))}"
+                  f'<p class="small">{esc(beside_caption(report))}</p>')
     plots = "\n".join(_img(row.plot, row.label) for row in report.rows)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">

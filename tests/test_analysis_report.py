@@ -485,3 +485,31 @@ def test_each_tie_is_one_note_naming_every_variant_in_it(report):
                 assert len(hits) == 1, (row.ranked.name, what, lines)
                 assert what == "B" or "(ranked by" in hits[0]
     assert any(row.ranked.tie_with for row in report.rows)  # the fixture has a tie on A to check
+
+
+def test_the_loo_variants_stand_beside_the_papers_numbers_with_what_compares(report):
+    """Before, the report never said what the paper found for the same variants."""
+    from analysis.text import beside_cells, table_cells
+
+    rows = {cells[0]: cells for cells in beside_cells(report)}
+    assert set(rows) == set(ROWS)  # every variant of this sweep is a LOO name or the base
+    ours = {cells[1]: cells for cells in table_cells(report.rows)}
+    dapo = rows["loo-dapo"]
+    assert dapo[1] == ours["loo-dapo"][2] and dapo[5] == ours["loo-dapo"][3]  # the same A and B as the table's
+    assert dapo[2:5:2] == ["0.59-0.63", "within ±0.02"] and dapo[6:9:2] == ["1.77", "-0.24"]  # 1.77 - 2.01
+    assert float(dapo[3]) == pytest.approx(0.55 - 0.61, abs=0.02)  # the study's truth: dA -0.06
+    assert rows["scalerl"][2] == "0.610" and rows["loo-npr"][2] == "not in the paper"
+    assert rows["loo-savg"][6] == "a figure only"
+    md, page = report.markdown.read_text(), report.html.read_text()
+    assert "## Beside the paper" in md and "<h2>Beside the paper</h2>" in page
+    assert "Not comparable: A's value" in md and "This setup: not logged with its runs." in md
+
+
+def test_the_setup_beside_the_papers_reads_mlflows_params():
+    from analysis.published import published, setup_of
+
+    assert setup_of({"model.path": "None", "model.name": "tiny", "task.name": "synthetic", "task.data_path": "None",
+                     "generator.name": "mock"}) == "model the tiny model made in code, task synthetic, generator mock"
+    assert setup_of({"model.path": "/models/Qwen3-1.7B", "task.name": "math", "task.data_path": "/d/p.jsonl",
+                     "generator.name": "vllm"}) == "model /models/Qwen3-1.7B, task math (/d/p.jsonl), generator vllm"
+    assert published("cispo-lr-2e-6") is None and published("loo-npr").A == "not in the paper"
