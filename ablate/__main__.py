@@ -23,7 +23,10 @@ def app(cfg: DictConfig) -> int:
 
     overrides = list(HydraConfig.get().overrides.task)
     try:
-        code = run_single(cfg, overrides) if cfg.sweep.name == "none" else run_sweep(cfg, overrides)
+        # one run (sweep=none) here, in the foreground; but as a job of its own where the launcher is SLURM's, and
+        # only planned, as a sweep's dry run is, with sweep.dry_run=true
+        here = cfg.sweep.name == "none" and cfg.launcher.cluster != "slurm" and not cfg.sweep.dry_run
+        code = run_single(cfg, overrides) if here else run_sweep(cfg, overrides)
     except (TrackingUnavailable, ValueError, RuntimeError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         code = 2

@@ -30,10 +30,27 @@ def _hydra() -> Iterator[None]:
 
 
 def compose(overrides: Sequence[str] = ()) -> DictConfig:
-    """The config `python -m ablate OVERRIDES` would run, validated against the schema."""
+    """The config `python -m ablate OVERRIDES` would run, validated against the schema; inside `python -m ablate`,
+    with the config folders its command line added (a sweep's variants find the user's own options too)."""
     schema.register()
     with _hydra():
-        return hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides))
+        added = user_searchpath()
+        searchpath = [f"hydra.searchpath=[{','.join(added)}]"] if added else []
+        return hydra_compose(config_name=CONFIG_NAME, overrides=[*searchpath, *overrides])
+
+
+USER_SOURCES = ("command-line", "hydra.searchpath in command-line")  # --config-dir; hydra.searchpath=[...]
+
+
+def user_searchpath() -> list[str]:
+    """The config folders `python -m ablate`'s command line added to the search path (`--config-dir DIR`,
+    `'hydra.searchpath=[file:///DIR]'`), as search path entries; none outside the app."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return []
+    return [f"{source.schema}://{source.path}" for source in HydraConfig.get().runtime.config_sources
+            if source.provider in USER_SOURCES]
 
 
 def override_key(override: str) -> str:

@@ -147,8 +147,8 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     planned = plan(cfg, overrides)
     planned_s = time.perf_counter() - started
     sid = sweep_id(cfg, planned)
-    print_plan(planned, f"sweep {sid}: {len(planned)} variants" + (" (dry run: nothing submitted)"
-                                                                     if cfg.sweep.dry_run else ""))
+    print_plan(planned, f"sweep {sid}: {len(planned)} variant{'s' if len(planned) > 1 else ''}"
+               + (" (dry run: nothing submitted)" if cfg.sweep.dry_run else ""))
     for model in {json.dumps(OmegaConf.to_container(p.cfg.model), sort_keys=True) for p in planned}:
         check_model(OmegaConf.create(json.loads(model)))  # before any run is created
     made_of = {json.dumps(OmegaConf.to_container(OmegaConf.masked_copy(p.cfg, ["model", "generation", "task"])),
@@ -170,7 +170,8 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
             for process in estimate:
                 print(f"  {process.describe(gpu_gb)}")
     if cfg.sweep.dry_run:
-        print_designs(cfg, planned)
+        if len(planned) > 1:  # the designs compare variants: none for one run
+            print_designs(cfg, planned)
         return 0
     if cluster == "slurm":
         check_request(launcher)  # a request no node of the partition can hold: before any run is created

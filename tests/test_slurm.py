@@ -475,3 +475,17 @@ def test_a_job_at_its_time_limit_checkpoints_requeues_and_finishes(slurm, tmp_pa
     _assert_complete(client, run.info.run_id, 1500)
     tags = client.get_run(run.info.run_id).data.tags
     assert int(tags["ablate.resumed_from"]) == int(tags["ablate.requeued_at"]) > 0  # saved at the signal
+
+
+def test_one_run_is_one_job_and_the_command_returns_at_once(slurm, tmp_path):
+    """sweep=none with launcher=slurm: before, the run trained in the foreground, on the login node."""
+    out = _ablate(tmp_path, "sweep=none", "train.steps=10", "train.val_every=5", env=slurm.env)
+    assert out.returncode == 0, out.stderr
+    assert "sweep none-" in out.stdout and ": 1 variant" in out.stdout and "1 to run" in out.stdout
+    (job,) = _manifest(tmp_path)["jobs"]
+    assert job["job_id"]
+    status = _wait_until_done(tmp_path)
+    assert status.stdout.count(" completed ") == 1, status.stdout + status.stderr
+    client, exp = _client(tmp_path)
+    (run,) = [r for r in client.search_runs([exp]) if r.data.tags["ablate.role"] == "variant"]
+    assert run.info.status == "FINISHED" and run.data.tags["ablate.variant"] == "scalerl"

@@ -232,3 +232,23 @@ def test_the_dry_run_prints_what_each_design_resolves_from_the_benchs_model(tmp_
     one, two = (expected(d, points=50, variants=8) for d in DESIGNS[:2])
     assert two.recipes < one.recipes and two.runs > one.runs and two.gpu_hours == one.gpu_hours == 1.0
     assert rows["this sweep"][-3:] == rows["one seed, full budget"][-3:]
+
+
+def test_a_config_folder_of_ones_own_reaches_every_variant_from_the_command_line(tmp_path: Path):
+    """`--config-dir` or `hydra.searchpath` on `python -m ablate`'s command line: before, the sweep's variants were
+    composed without it and the command failed (Could not find 'model/mine')."""
+    from conftest import run_cli
+
+    folder = tmp_path / "conf"
+    (folder / "model").mkdir(parents=True)
+    (folder / "model" / "mine.yaml").write_text("defaults: [/schema/model/option@_here_, _self_]\nname: mine\n"
+                                                "path: null\nhidden_size: 48\nnum_layers: 1\nnum_heads: 2\n")
+    overrides = [f"hydra.searchpath=[file://{folder}]", "model=mine", "sweep=loo"]
+    expected = {p.variant.label: p.signature for p in plan(compose(overrides), overrides)}
+    assert all(p.cfg.model.hidden_size == 48 for p in plan(compose(overrides), overrides))
+    for how in ([f"hydra.searchpath=[file://{folder}]"], ["--config-dir", str(folder)]):
+        out = run_cli("-m", "ablate", *how, "model=mine", "sweep=loo", "sweep.dry_run=true", cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-2000:]
+        printed = {line.split()[0]: line.split()[-1] for line in out.stdout.splitlines()
+                   if line.startswith(("  scalerl", "  loo-"))}
+        assert printed == expected
