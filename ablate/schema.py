@@ -346,6 +346,10 @@ class Launcher:
     max_requeues: int = 20  # time limits and preemptions a job may survive
     setup: list[str] = field(default_factory=list)  # shell lines run before the job (module load, conda activate)
     additional: dict[str, Any] = field(default_factory=dict)  # extra sbatch options
+    # jobs in a container: python, the command that runs the job's Python (`apptainer exec --nv /img/ablate.sif
+    # python`; unset: this interpreter); srun_args, srun's own options (pyxis: --container-image=..., its mounts)
+    python: Optional[str] = None
+    srun_args: list[str] = field(default_factory=list)
     max_parallel_local: int = 0  # local cluster: worker processes, each running its share of jobs (0 = cores)
     watch: bool = True  # local cluster: wait with a progress display, then make the report
 

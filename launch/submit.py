@@ -121,17 +121,23 @@ def executor_parameters(launcher: Mapping[str, Any], cluster: str, job_name: str
             params["slurm_setup"] = list(launcher["setup"])
         if launcher.get("additional"):
             params["slurm_additional_parameters"] = dict(launcher["additional"])
+        if launcher.get("srun_args"):  # srun's own options: pyxis's --container-image, --container-mounts
+            params["slurm_srun_args"] = list(launcher["srun_args"])
     if cluster == "local":
         params.pop("cpus_per_task")
         params.pop("mem_gb", None)
     return params
 
 
-def make_executor(folder: Path, cluster: str, parameters: Mapping[str, Any], max_requeues: int = 20):
+def make_executor(folder: Path, cluster: str, parameters: Mapping[str, Any], max_requeues: int = 20,
+                  python: str | None = None):
+    """submitit's executor; `python`, on SLURM, the command that runs the job's Python (launcher.python: inside a
+    container, `apptainer exec --nv image.sif python`), else this interpreter."""
     import submitit
 
     executor = submitit.AutoExecutor(folder=str(folder), cluster=cluster,  # files named <job id>_...
-                                     slurm_max_num_timeout=max_requeues)
+                                     slurm_max_num_timeout=max_requeues,
+                                     **({"slurm_python": python} if python and cluster == "slurm" else {}))
     executor.update_parameters(**parameters)
     return executor
 
@@ -353,7 +359,7 @@ def submit(fn: Callable, specs: Sequence[JobSpec], launcher: Mapping[str, Any], 
     `gpus_per_job` GPUs each share this machine's `gpus` (their ids) out between them."""
     cluster = resolve_cluster(str(launcher["cluster"]))
     executor = make_executor(folder, cluster, executor_parameters(launcher, cluster, job_name),
-                             max_requeues=int(launcher.get("max_requeues", 20)))
+                             max_requeues=int(launcher.get("max_requeues", 20)), python=launcher.get("python"))
     return Submission(fn, specs, executor, cluster, folder, done=done,
                       max_parallel=int(launcher.get("max_parallel_local") or 0), about=about, gpus=gpus,
                       gpus_per_job=gpus_per_job).start()

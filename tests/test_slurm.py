@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -489,3 +490,20 @@ def test_one_run_is_one_job_and_the_command_returns_at_once(slurm, tmp_path):
     client, exp = _client(tmp_path)
     (run,) = [r for r in client.search_runs([exp]) if r.data.tags["ablate.role"] == "variant"]
     assert run.info.status == "FINISHED" and run.data.tags["ablate.variant"] == "scalerl"
+
+
+def test_a_job_runs_through_the_launchers_python_and_srun_args(slurm, tmp_path):
+    """launcher.python and launcher.srun_args, as a container needs them (`apptainer exec ... python`; pyxis's
+    srun options): here a wrapper that notes it ran, and an srun option that sets a variable the wrapper sees."""
+    wrapper = tmp_path / "in-container"
+    wrapper.write_text(f"#!/bin/sh\necho \"wrapped $ABLATE_SRUN_SAW\" >> {tmp_path / 'marker'}\n"
+                       f"exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    out = _ablate(tmp_path, "sweep=none", "train.steps=4", "train.val_every=2", f"launcher.python={wrapper}",
+                  "launcher.srun_args=[\"--export=ALL,ABLATE_SRUN_SAW=yes\"]", env=slurm.env)
+    assert out.returncode == 0, out.stderr
+    assert _wait_until_done(tmp_path).stdout.count(" completed ") == 1
+    assert (tmp_path / "marker").read_text().splitlines()[0] == "wrapped yes"
+    client, exp = _client(tmp_path)
+    (run,) = [r for r in client.search_runs([exp]) if r.data.tags["ablate.role"] == "variant"]
+    assert run.info.status == "FINISHED"
