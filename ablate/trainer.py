@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from ablate.alarms import Alarms
 from ablate.compute import StepFlops
 from ablate.config import flatten
 from ablate.generators.base import capabilities
@@ -404,6 +405,7 @@ class _Run:
         self.generator = build(cfg.generator, cfg=cfg, task=task, sampler=self.sampler, policy=self.learner.weights())
         self.checkpoint = Checkpoint(folder)
         self.rungs = Rungs(cfg, run_id, tracker)  # the adaptive sweep's looks (none outside one)
+        self.alarms = Alarms(cfg, lambda tag, text: tracker.set_tags({tag: text}), simulated=not self.samples_policy)
         self.keeps_checkpoint = bool(cfg.sweep.get("keep_checkpoints"))  # at its last step, to be extended
         self.state = RunState()
         self.n_params = sum(p.numel() for p in self.learner.policy.parameters())
@@ -430,16 +432,18 @@ class _Run:
         warning; a diverged loss or an exhausted data set ends the loop early, saying so."""
         cfg, state, tracker = self.cfg, self.state, self.tracker
         if state.step == 0:
-            pass_rate = self.generator.validate(0.0, policy=self.learner.weights(), step=0)
+            pass_rate = self._validate(0.0, self.learner.weights(), 0)
             tracker.log_metrics({"val/pass_rate": pass_rate, "compute/gpu_hours": 0.0, "compute/flops": 0.0}, step=0)
         tick = time.perf_counter()  # device time runs from here: every second of the job counts, waits included
         for step in range(state.step + 1, cfg.train.steps + 1):
             outcome = self._step(step, tick)
             if outcome is None:
                 break
-            metrics, tick, weights = outcome
+            metrics, ended, weights = outcome
+            self.alarms.step(step, metrics, ended - tick)
+            tick = ended
             if step % cfg.train.val_every == 0 or step == cfg.train.steps or self.rungs.due(step):  # one gather
-                metrics["val/pass_rate"] = self.generator.validate(state.gpu_hours, policy=weights, step=step)
+                metrics["val/pass_rate"] = self._validate(state.gpu_hours, weights, step)
             if step % cfg.train.log_every == 0 or "val/pass_rate" in metrics:
                 tracker.log_metrics(metrics, step=step)
             if step % cfg.train.checkpoint_every == 0 and step < cfg.train.steps:
@@ -458,9 +462,17 @@ class _Run:
         if self.keeps_checkpoint and state.step == cfg.train.steps and not state.diverged:
             self._save()  # its last step's: a larger train.steps goes on from here (sweep.extend=true)
 
+    def _validate(self, gpu_hours: float, weights: Weights, step: int) -> float:
+        began = time.perf_counter()
+        pass_rate = self.generator.validate(gpu_hours, policy=weights, step=step)
+        self.alarms.validated(pass_rate, time.perf_counter() - began)
+        return pass_rate
+
     def _save(self) -> None:
+        began = time.perf_counter()
         self.tracker.flush()  # first: every step up to the checkpoint is in the store before a resume skips it
         self.checkpoint.save(self.state, self.learner, self.sampler, self.generator)
+        self.alarms.saved(time.perf_counter() - began)
 
     def _step(self, step: int, tick: float) -> tuple[dict, float, Weights] | None:
         """Optimizer step `step` (its device time counted from `tick`): rollouts, rewards, filtering, the learner's

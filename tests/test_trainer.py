@@ -129,7 +129,7 @@ def _train(overrides: list[str], outputs, mlflow_uri: str, experiment: str):
     return client, run_id, seen
 
 
-def test_the_math_task_runs_through_the_trainer_with_its_answer_checking(tmp_path, mlflow_uri):
+def test_the_math_task_runs_through_the_trainer_with_its_answer_checking(tmp_path, mlflow_uri, capsys):
     """task=math on the tiny model (it solves nothing: the point is the path, prompts in, checked answers out)."""
     client, run_id, seen = _train(["task=math", "generation.max_prompt_tokens=256", "train.steps=2",
                                    "task.n_val_prompts=4", "task.val_samples=2"],
@@ -137,6 +137,12 @@ def test_the_math_task_runs_through_the_trainer_with_its_answer_checking(tmp_pat
     assert len(seen) == 2 and client.get_run(run_id).info.status == "FINISHED"
     assert client.get_run(run_id).data.params["task.name"] == "math"
     assert all(0.0 <= m["train/reward_mean"] <= 1.0 for m in seen)
+    # a random model: no answer is right; the run says so after its first step and validation
+    assert seen[0]["train/pass_rate"] == 0.0
+    tags = client.get_run(run_id).data.tags
+    assert tags["ablate.alarm.no_reward"].startswith("no answer has been right yet")
+    assert "WARNING (no_reward)" in capsys.readouterr().err
+    assert ("ablate.alarm.truncated" in tags) == (seen[0]["train/truncation_rate"] >= 0.95)
 
 
 def test_the_model_presets_build_the_sizes_they_say():
@@ -164,8 +170,11 @@ def test_flops_count_generated_tokens_and_the_trained_tokens_of_the_rows_filteri
 def test_with_a_reference_throughput_compute_is_the_runs_flops_at_it(tmp_path, mlflow_uri):
     """train.reference_tflops on one device: compute/gpu_hours = compute/flops / (TFLOP/s x 1e12 x 3600), step by
     step: the same on every machine, whatever else it runs."""
-    *_, seen = _train(["train.steps=3", "task.n_val_prompts=4", "task.val_samples=1", "train.reference_tflops=0.5",
-                       "train.reference_layout=null"], tmp_path, mlflow_uri, "clock")
+    client, run_id, seen = _train(["train.steps=3", "task.n_val_prompts=4", "task.val_samples=1",
+                                   "train.reference_tflops=0.5", "train.reference_layout=null"], tmp_path, mlflow_uri,
+                                  "clock")
+    # the warm-started tiny model ends its rows and answers right: no alarm
+    assert not [tag for tag in client.get_run(run_id).data.tags if tag.startswith("ablate.alarm.")]
     for m in seen:
         assert m["compute/gpu_hours"] == pytest.approx(m["compute/flops"] / (0.5e12 * 3600), rel=1e-12)
         assert "compute/generator_idle_frac" not in m
