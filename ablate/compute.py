@@ -15,7 +15,10 @@ from typing import Protocol, Sequence
 
 
 class Clock(Protocol):
-    """A run's device-hours, one step at a time (`compute/gpu_hours` adds them up, across restarts)."""
+    """A run's device-hours, one step at a time (`compute/gpu_hours` adds them up, across restarts); `devices`, those
+    a validation's wall-clock seconds are counted on (`compute/val_gpu_hours`, apart from the law's C)."""
+
+    devices: int
 
     def gpu_hours(self, step: int, rollouts, wall_seconds: float, flops: StepFlops) -> float:
         """The device-hours of optimizer step `step`, which took `wall_seconds` and did `flops` on `rollouts`."""
@@ -78,6 +81,7 @@ class ReferenceClock(Clock):
         check_layout(layout)
         self.flops_per_s = tflops * 1e12
         self.layout = None if layout is None else (int(layout[0]), int(layout[1]))
+        self.devices = 1 if self.layout is None else sum(self.layout)
         self.off_policy = off_policy
         self.train_done = {0: 0.0}  # version -> seconds from the run's start to when the trainer had made it
         self.round = {"version": -1, "start": 0.0, "end": 0.0, "size": 0, "seen": 0, "generate_s": 0.0,

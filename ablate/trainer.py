@@ -222,6 +222,7 @@ class RunState:
     step: int = 0  # optimizer steps done
     gpu_hours: float = 0.0  # device-hours so far, across restarts
     flops: float = 0.0
+    val_gpu_hours: float = 0.0  # device-hours spent validating: not in gpu_hours (the law's C), logged apart
     diverged: bool = False
     stopped: str = ""  # why the run ended before its last step, other than diverging (no training prompts left)
     settled: bool = False  # an adaptive sweep stopped it at a rung, its verdict settled: FINISHED, checkpoint kept
@@ -433,7 +434,8 @@ class _Run:
         cfg, state, tracker = self.cfg, self.state, self.tracker
         if state.step == 0:
             pass_rate = self._validate(0.0, self.learner.weights(), 0)
-            tracker.log_metrics({"val/pass_rate": pass_rate, "compute/gpu_hours": 0.0, "compute/flops": 0.0}, step=0)
+            tracker.log_metrics({"val/pass_rate": pass_rate, "compute/gpu_hours": 0.0, "compute/flops": 0.0,
+                                 "compute/val_gpu_hours": state.val_gpu_hours}, step=0)
         tick = time.perf_counter()  # device time runs from here: every second of the job counts, waits included
         for step in range(state.step + 1, cfg.train.steps + 1):
             outcome = self._step(step, tick)
@@ -444,6 +446,8 @@ class _Run:
             tick = ended
             if step % cfg.train.val_every == 0 or step == cfg.train.steps or self.rungs.due(step):  # one gather
                 metrics["val/pass_rate"] = self._validate(state.gpu_hours, weights, step)
+                tick = time.perf_counter()  # validation's time is not the next step's (docs/training.md)
+                metrics["compute/val_gpu_hours"] = state.val_gpu_hours
             if step % cfg.train.log_every == 0 or "val/pass_rate" in metrics:
                 tracker.log_metrics(metrics, step=step)
             if step % cfg.train.checkpoint_every == 0 and step < cfg.train.steps:
@@ -463,9 +467,12 @@ class _Run:
             self._save()  # its last step's: a larger train.steps goes on from here (sweep.extend=true)
 
     def _validate(self, gpu_hours: float, weights: Weights, step: int) -> float:
+        """The validation pass rate at this step; its device-hours go to state.val_gpu_hours, not to the law's C."""
         began = time.perf_counter()
         pass_rate = self.generator.validate(gpu_hours, policy=weights, step=step)
-        self.alarms.validated(pass_rate, time.perf_counter() - began)
+        seconds = time.perf_counter() - began
+        self.state.val_gpu_hours += self.generator.clock.devices * seconds / 3600.0
+        self.alarms.validated(pass_rate, seconds)
         return pass_rate
 
     def _save(self) -> None:

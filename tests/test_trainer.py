@@ -256,3 +256,25 @@ def test_a_second_ctrl_c_while_the_first_unwinds_is_ignored_then_ctrl_c_is_as_be
         run()
     assert closed == ["KILLED"]
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_validation_is_counted_apart_from_the_laws_compute(tmp_path, mlflow_uri, monkeypatch):
+    """The wall clock counts a step's device-hours, not the validation after it (before, the next step's did):
+    validation's go to compute/val_gpu_hours. Each validation here takes at least 1 s more, on 1 device (CPU)."""
+    import time
+
+    from ablate.generators.pipelined import PipelineGenerator
+
+    real = PipelineGenerator.validate
+
+    def slow(self, *args, **kwargs):
+        time.sleep(1.0)
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(PipelineGenerator, "validate", slow)
+    *_, seen = _train(["train.steps=4", "train.val_every=2", "task.n_val_prompts=4", "task.val_samples=1",
+                       "train.reference_tflops=0"], tmp_path, mlflow_uri, "val-apart")
+    hours = [m["compute/gpu_hours"] for m in seen]
+    steps = [b - a for a, b in zip([0.0, *hours], hours)]
+    assert steps[2] < 0.9 / 3600  # step 3, after step 2's validation: its own time only
+    assert seen[1]["compute/val_gpu_hours"] >= 2 / 3600 and seen[3]["compute/val_gpu_hours"] >= 3 / 3600  # 0, 2, 4
+    assert "compute/val_gpu_hours" not in seen[0]

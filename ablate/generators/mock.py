@@ -53,6 +53,8 @@ class SimulatedClock(Clock):
     """The simulated device-hours of a step: a share `hours_per_step` of the run's budget, scaled by the completion
     lengths drawn (relative to `reference_length_frac` of the longest completion, `max_length` tokens)."""
 
+    devices = 0  # its validation is drawn, not run: no device-hours
+
     def __init__(self, hours_per_step: float, max_length: int, reference_length_frac: float):
         self.hours_per_step, self.max_length = hours_per_step, max_length
         self.reference_length_frac = reference_length_frac
