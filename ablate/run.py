@@ -159,16 +159,21 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     requested = str(launcher["cluster"])  # a dry run of launcher=slurm may be made where SLURM is not
     cluster = requested if cfg.sweep.dry_run and requested != "auto" else resolve_cluster(requested)
     gpu_gb = gpu_memory_gb(planned[0].cfg, cluster)
+    printed = None  # the estimate printed last: a variant whose own differs (loo-8op's validation) says so
     for p in planned:
         check_compute(p.cfg.train)
         check_run(p.cfg)
         if cfg.sweep.adaptive:
             check_settings(cfg.sweep, int(p.cfg.train.steps))
         estimate = check_memory(p.cfg, gpu_gb)
-        if p is planned[0] and estimate:
+        lines = [process.describe(gpu_gb) for process in estimate or ()]
+        if lines and printed is None:
             print("memory per GPU (ablate/memory.py's estimate at the longest rows):")
-            for process in estimate:
-                print(f"  {process.describe(gpu_gb)}")
+            print("\n".join(f"  {line}" for line in lines))
+            printed = lines
+        else:
+            for line in (line for line in lines if line not in printed):
+                print(f"  {p.variant.label}: {line}")
     if cfg.sweep.dry_run:
         if len(planned) > 1:  # the designs compare variants: none for one run
             print_designs(cfg, planned)

@@ -448,6 +448,8 @@ class _Run:
                 metrics["val/pass_rate"] = self._validate(state.gpu_hours, weights, step)
                 tick = time.perf_counter()  # validation's time is not the next step's (docs/training.md)
                 metrics["compute/val_gpu_hours"] = state.val_gpu_hours
+                if self.generator.validated_on:  # 1: on the generator's engines (vLLM), 0: our torch engine
+                    metrics["val/on_engine"] = float(self.generator.validated_on == "engine")
             if step % cfg.train.log_every == 0 or "val/pass_rate" in metrics:
                 tracker.log_metrics(metrics, step=step)
             if step % cfg.train.checkpoint_every == 0 and step < cfg.train.steps:

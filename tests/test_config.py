@@ -296,3 +296,26 @@ def test_a_layout_that_does_not_fit_its_gpus_fails_in_the_dry_run_naming_the_gb(
     assert f"model ({llama_8b}): 8.03B parameters, untied embeddings, 131,072 positions; rows of at most 16,384 " \
            "tokens" in printed  # Llama-3.1-8B's 8,030,261,248
     assert not list(tmp_path.glob("mlflow.db*"))
+
+
+def test_validation_is_in_the_memory_check_where_our_engine_decodes_it(llama_8b, tmp_path, capsys):
+    """loo-8op (PPO-off-policy-8) validates with our torch engine on each engine process's staging copy: its KV
+    cache is 16,000 rows / 64 engines = 250 rows at once at 512 a wave, x 16,384 tokens x 131,072 bytes a token
+    (2 x 32 layers x 1,024 x bf16) = 536.9 GB; the preset's 4 waves of 2 rows: 8 x 16,384 x 131,072 = 17.2 GB.
+    Before, the check left validation out. Under PipelineRL validation decodes on vLLM itself: no such part."""
+    from ablate.run import run_sweep
+
+    common = ["experiment=paper_8b", f"model.path={llama_8b}", "sweep=loo", "sweep.dry_run=true",
+              f"task.data_path={_problems(tmp_path / 'math.jsonl', 1100)}", f"paths.outputs={tmp_path}",
+              f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"]
+    wide = [*common, "generator.val_wave_rows=512"]
+    with pytest.raises(ValueError) as refused:
+        run_sweep(compose(wide), wide)
+    assert "each engine process needs ~592.9 GB, the most for validation's KV cache (our engine; " \
+           "generator.val_wave_rows) (536.9 GB)" in str(refused.value)
+    assert run_sweep(compose(common), common) == 0
+    printed = capsys.readouterr().out
+    assert "  each engine process: ~56.1 GB of 80 (vLLM (gpu_memory_utilization) 40.0, staging copy of the weights " \
+           "16.1)" in printed
+    assert "  loo-8op: each engine process: ~73.2 GB of 80 (vLLM (gpu_memory_utilization) 40.0, validation's KV " \
+           "cache (our engine; generator.val_wave_rows) 17.2, staging copy of the weights 16.1)" in printed

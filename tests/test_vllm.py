@@ -277,6 +277,8 @@ def test_generator_vllm_decoding_in_its_own_thread_keeps_the_staleness_bound(tmp
     assert len(seen) == 20 and client.get_run(run_id).info.status == "FINISHED"
     assert max(m["train/staleness_max"] for m in seen) <= 2
     assert max(m["train/staleness_max"] for m in seen) >= 1  # the generator ran ahead of the trainer
+    # validation decoded on vLLM itself, the generator thread held meanwhile (before: our torch engine on the policy)
+    assert [m.value for m in client.get_metric_history(run_id, "val/on_engine")] == [1.0]
 
 
 def _finished_run(folder, overrides: list[str]):
@@ -290,7 +292,8 @@ def _finished_run(folder, overrides: list[str]):
     assert found.info.status == "FINISHED"
     return found, {key: [(m.step, m.value) for m in sorted(client.get_metric_history(found.info.run_id, key),
                                                            key=lambda m: m.step)]
-                   for key in ("val/pass_rate", "loss/policy", "train/reward_mean", "train/logprob_gap")}
+                   for key in ("val/pass_rate", "loss/policy", "train/reward_mean", "train/logprob_gap",
+                               "val/on_engine")}
 
 
 @pytest.mark.skipif(DEVICE.type == "cuda" and torch.cuda.device_count() < 3,
@@ -299,7 +302,8 @@ def _finished_run(folder, overrides: list[str]):
 def test_vllm_engines_in_processes_of_their_own_reproduce_the_in_process_run(tmp_path):
     """`python -m ablate generator=vllm run.generator_gpus=1`: the trainer in one process, vLLM in an engine process
     of its own (generators/remote.py; vLLM makes its own torch.distributed world there, outside the trainer's),
-    streamed the weights after every step and validating on its staging copy; and `run.generator_gpus=2
+    streamed the weights after every step and validating on vLLM itself (PipelineRL lets it take them at once;
+    before, our torch engine decoded validation on a staging copy); and `run.generator_gpus=2
     generator.tensor_parallel_size=2`: one engine over two processes, each holding half of the weights (vLLM's
     external launcher in the world they make); and `run=fsdp run.generator_gpus=1`: two FSDP trainer ranks
     streaming the weights from their shards to the vLLM engine process (the paper's layout in miniature). Against generator=vllm in the trainer's process on the same config,
@@ -322,6 +326,7 @@ def test_vllm_engines_in_processes_of_their_own_reproduce_the_in_process_run(tmp
     assert params["tensor_parallel"] < 0.6 * params["in_process"]  # each rank holds its shards
     here = curves["in_process"]
     assert [s for s, _ in here["val/pass_rate"]] == [0, 2, 4, 6] and len(here["loss/policy"]) == 6
+    assert all(curve["val/on_engine"] == [(2, 1.0), (4, 1.0), (6, 1.0)] for curve in curves.values())
     for layout in ("engine_process", "tensor_parallel", "fsdp_engine_process"):
         for key in here:
             there = curves[layout][key]

@@ -41,6 +41,7 @@ class Generator(Protocol):
 
     capabilities: ClassVar[Capabilities] = Capabilities()
     clock: Clock  # the run's device-hours per step (ablate/compute.py)
+    validated_on: str = ""  # where the last validation decoded: "engine", "staging copy", "policy" ("": simulated)
 
     def batch(self, step: int, compute: float) -> Rollouts:
         """Optimizer step `step`'s rollouts, `compute` device-hours into the run; blocks until they are complete."""

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -56,6 +58,8 @@ class Pipeline:
         self.error: BaseException | None = None
         self.exhausted: PromptsExhausted | None = None  # the sampler had no prompts left for batch next_batch
         self.stopping = False
+        self.holds = 0  # `paused()` callers: the generator thread waits between two looks while any holds it
+        self.advancing = False  # the generator thread is in engine.advance (outside the lock)
         self.generator_idle_s = self.trainer_wait_s = 0.0
         self.clock_start = time.perf_counter()
         self.window = {"start": self.clock_start, "tokens": 0, "load_s": 0.0, "looks": 0,  # since the last `perf()`
@@ -164,6 +168,8 @@ class Pipeline:
         try:
             while True:
                 with self.lock:
+                    while self.holds and not self.stopping:
+                        self.lock.wait(timeout=1.0)
                     if self.stopping:
                         return
                     self._load_and_start()
@@ -174,7 +180,13 @@ class Pipeline:
                         continue
                     reach = self._reach()
                     self.window["looks"] += 1
-                ended = self.engine.advance(*reach)
+                    self.advancing = True
+                try:
+                    ended = self.engine.advance(*reach)
+                finally:
+                    with self.lock:
+                        self.advancing = False
+                        self.lock.notify_all()
                 with self.lock:
                     self._collect(ended)
                     if ended:
@@ -203,7 +215,30 @@ class Pipeline:
         return len(self.engine.waves) < self.max_waves and self.exhausted is None and \
             self.off_policy.may_start(self.next_batch, self.engine.version)
 
-    def _load_and_start(self) -> None:
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """The engine is the caller's while inside: the generator thread is held between two looks (its running rows
+        stay where they are, as vLLM's pause_generation(mode="keep") keeps them), and goes on after."""
+        with self.lock:
+            self.holds += 1
+            while self.advancing:
+                self.lock.wait(timeout=1.0)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.holds -= 1
+                self.lock.notify_all()
+
+    def settle(self) -> int:
+        """Load the weights published last now, if the off-policy rule lets the engine take them now (as it would
+        at its next look); returns the version the engine then holds. Validation on the engine itself needs the
+        newest."""
+        with self.lock:
+            self._load_pending()
+            return self.engine.version
+
+    def _load_pending(self) -> None:
         if self.pending is not None:
             state, version = self.pending
             if (self.off_policy.in_flight or not self.engine.running) and \
@@ -212,6 +247,9 @@ class Pipeline:
                 self.engine.load(state, version)
                 self.window["load_s"] += time.perf_counter() - began
                 self.pending = None
+
+    def _load_and_start(self) -> None:
+        self._load_pending()
         # At most one new wave per decode step, as continuous batching admits requests: waves stay staggered, so
         # new weights land in the middle of the others' rows.
         if self._may_start() and self._start(self.next_batch):

@@ -79,10 +79,25 @@ class PipelineGenerator(Generator):
 
         gen = cfg.generation
         rows = int(cfg.generator.max_waves) * int(cfg.batch.prompts_per_step) * int(cfg.batch.samples_per_prompt)
-        return torch_engine(shape, compute=compute_dtype(cfg.model).itemsize,
-                            copies=2 if processes else 1, rows=rows / max(processes, 1),
-                            row_tokens=int(gen.max_prompt_tokens) + int(gen.max_think_tokens)
-                            + int(gen.max_answer_tokens))
+        return {**torch_engine(shape, compute=compute_dtype(cfg.model).itemsize,
+                               copies=2 if processes else 1, rows=rows / max(processes, 1),
+                               row_tokens=int(gen.max_prompt_tokens) + int(gen.max_think_tokens)
+                               + int(gen.max_answer_tokens)),
+                **cls.validation_memory(cfg, shape, engines=processes)}
+
+    @staticmethod
+    def validation_memory(cfg: DictConfig, shape, *, engines: int) -> dict[str, float]:
+        """Validation decoded by our torch engine (on the policy, or on an engine process's staging copy), beside
+        the generator's own rows: the KV cache of the validation rows it holds at once (at most max_waves waves of
+        val_wave_rows; an engine's share of them), at their longest."""
+        from ablate.memory import kv_bytes_per_token
+
+        gen, g = cfg.generation, cfg.generator
+        share = -(-int(cfg.task.n_val_prompts) * int(cfg.task.val_samples) // max(engines, 1))
+        at_once = min(share, int(g.max_waves) * int(g.val_wave_rows))
+        row_tokens = int(gen.max_prompt_tokens) + int(gen.max_think_tokens) + int(gen.max_answer_tokens)
+        return {"validation's KV cache (our engine; generator.val_wave_rows)":
+                at_once * row_tokens * kv_bytes_per_token(shape, compute_dtype(cfg.model).itemsize)}
 
     # ------------------------------------------------------------------------------------------------- engines
     def local_engine(self, weights: Weights) -> TorchEngine:
@@ -128,16 +143,22 @@ class PipelineGenerator(Generator):
     def validate(self, compute: float, *, policy: torch.nn.Module | Weights, step: int) -> float:
         """mean@k pass rate over the validation split: k = task.val_samples samples per prompt, sampled from the
         trainer's current policy with the run's generation settings (seeded by the step: reproducible). Engines in
-        processes of their own sample it there, from the weights just published to them; otherwise this process
-        samples the policy itself."""
+        processes of their own sample it there, from the weights just published to them (on vLLM itself where it
+        holds them or may take them now: docs/distributed.md#validation); otherwise this process samples the policy
+        itself."""
         task, k = self.task, int(self.cfg.task.val_samples)
         seed = self.cfg.seed * 1_000_003 + step
         rng = np.random.default_rng([self.cfg.seed, step, 11])
         pipeline = self.pipeline
         rows = [row for index in range(task.size("val")) for row in pipeline.rows("val", index, 0, k, rng)]
         if self.engine.stages:
-            self.engine.decode_staged(rows, seed, self.max_waves, self.val_wave_rows)
-        else:
+            on_engine = pipeline.settle() == step  # the engines hold this step's weights
+            self.validated_on = self.engine.decode_staged(rows, seed, self.max_waves, self.val_wave_rows,
+                                                          on_engine=on_engine)
+        elif self._decoded_on_engine(rows, seed, step):
+            self.validated_on = "engine"
+        else:  # the policy itself, with our torch engine
+            self.validated_on = "policy"
             module = weights_of(policy).module()
             was_training = module.training
             module.eval()
@@ -145,3 +166,14 @@ class PipelineGenerator(Generator):
                    self.val_wave_rows)
             module.train(was_training)
         return float(np.mean([pipeline.passed("val", r) for r in rows]))
+
+    def _decoded_on_engine(self, rows: list, seed: int, step: int) -> bool:
+        """Validation on the engine in this process when it decodes apart (vLLM), the generator thread held
+        meanwhile, and it holds this step's weights or may take them now; False (nothing decoded) otherwise."""
+        if not hasattr(self.engine, "decode_apart"):
+            return False
+        with self.pipeline.paused():
+            if self.pipeline.settle() != step:
+                return False
+            self.engine.decode_apart(rows, seed, self.val_wave_rows)
+        return True

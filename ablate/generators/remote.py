@@ -204,22 +204,26 @@ class RemoteEngine:
         self._all("load", version)
         self.version = version
 
-    def decode_staged(self, rows: list[Sequence], seed: int, max_waves: int, wave_rows: int) -> None:
-        """Every row to its end on the staging copies (the weights last published: validation), dealt across the
-        engines in slices, engine k sampling with engine_seed(seed, k) in its first process; the rows are filled in
-        place."""
+    def decode_staged(self, rows: list[Sequence], seed: int, max_waves: int, wave_rows: int,
+                      on_engine: bool = False) -> str:
+        """Every row to its end with the weights last published (validation), dealt across the engines in slices,
+        engine k sampling with engine_seed(seed, k) in its first process; the rows are filled in place. On the
+        engines themselves where they receive the weights or `on_engine` (they hold the weights just published) and
+        can decode apart (vLLM); else on their staging copies, with our torch engine. Returns which: "engine" or
+        "staging copy"."""
         n = len(self.members)
         bounds = [len(rows) * k // n for k in range(n + 1)]
         busy = [k for k in range(n) if bounds[k + 1] > bounds[k]]
         args = [(rows[bounds[k]:bounds[k + 1]], engine_seed(seed, k)) for k in busy]
-        if self.receives:  # on the engines themselves: every tensor-parallel rank decodes
-            done = self._each_engine("decode_staged", busy, [(max_waves, wave_rows, *a) for a in args])
-        else:
-            done = self._all("decode_staged", max_waves, wave_rows, only=[self.members[k][0] for k in busy],
+        if self.receives or on_engine:  # on the engines themselves: every tensor-parallel rank decodes
+            done = self._each_engine("decode_staged", busy, [(max_waves, wave_rows, on_engine, *a) for a in args])
+        else:  # on a staging copy: an engine's first process holds a whole one
+            done = self._all("decode_staged", max_waves, wave_rows, on_engine, only=[self.members[k][0] for k in busy],
                              per_engine=args)
-        for k, ended in zip(busy, done):
+        for k, (where, ended) in zip(busy, done):
             for own, row in zip(rows[bounds[k]:bounds[k + 1]], ended):
                 own.__dict__.update(row.__dict__)
+        return where if busy else "staging copy"
 
     def checksums(self) -> list[dict[str, str]]:
         """sha256 of each of each engine's tensors (its own copy, in its dtype)."""
@@ -318,12 +322,14 @@ class _Served:
     def load(self, version: int) -> None:
         self.engine.load(self.staged.state_dict(), version)
 
-    def decode_staged(self, max_waves: int, wave_rows: int, rows: list[Sequence], seed: int) -> list[Sequence]:
-        if self.engine.receives:  # no staging copy: the engine's own weights are the newest
+    def decode_staged(self, max_waves: int, wave_rows: int, on_engine: bool, rows: list[Sequence],
+                      seed: int) -> list:
+        # no staging copy (the engine's own weights are the newest), or the engine holds the staged ones: on it
+        if self.engine.receives or (on_engine and hasattr(self.engine, "decode_apart")):
             self.engine.decode_apart(rows, seed, wave_rows)
-        else:
-            decode(Engine(self.staged, self.engine.limits, seed=seed, **self.engine_args), rows, max_waves, wave_rows)
-        return rows
+            return ["engine", rows]  # a list: tensor-parallel ranks' replies are compared as they are (_outcome)
+        decode(Engine(self.staged, self.engine.limits, seed=seed, **self.engine_args), rows, max_waves, wave_rows)
+        return ["staging copy", rows]
 
     def start(self, keyed: list[tuple[int, Sequence]]) -> list[int]:
         self.keys.update({id(row): key for key, row in keyed})

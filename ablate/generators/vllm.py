@@ -16,6 +16,7 @@ from ablate.distributed.layouts import Weights
 from ablate.generators.base import Capabilities, Engine
 from ablate.generators.pipelined import PipelineGenerator
 from ablate.policy import build_policy, hub_args, overrides
+from ablate import registry
 
 
 class VLLMEngines:
@@ -90,5 +91,11 @@ class VLLMGenerator(PipelineGenerator):
         if room <= 0:
             raise ValueError(f"generator.gpu_memory_utilization={g.gpu_memory_utilization} of a {gpu_bytes / GB:g} GB "
                              f"GPU cannot hold vLLM's {compute * shape.params / tp / GB:,.1f} GB of weights")
-        return vllm_engine(shape, compute=compute, gpu_bytes=gpu_bytes, utilization=float(g.gpu_memory_utilization),
-                           staged=bool(processes) and g.get("weight_transfer", "staged") == "staged")
+        parts = vllm_engine(shape, compute=compute, gpu_bytes=gpu_bytes, utilization=float(g.gpu_memory_utilization),
+                            staged=bool(processes) and g.get("weight_transfer", "staged") == "staged")
+        # validation decodes on vLLM when it may take each step's weights at once (PipelineRL) or receives them
+        # itself; else (PPO-off-policy's frozen rounds) our torch engine decodes it beside vLLM (pipelined.validate)
+        direct = processes and g.get("weight_transfer") == "direct"
+        if not (registry.build(cfg.off_policy).loads_on_arrival or direct):
+            parts.update(cls.validation_memory(cfg, shape, engines=processes // tp if processes else 0))
+        return parts
