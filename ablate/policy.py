@@ -154,7 +154,7 @@ def model_config(model: DictConfig, tokenizer=None):
         vocab_size=vocab, hidden_size=model.hidden_size,
         intermediate_size=model.get("intermediate_size", 0) or 4 * model.hidden_size,
         num_hidden_layers=model.num_layers, num_attention_heads=model.num_heads, num_key_value_heads=model.num_heads,
-        max_position_embeddings=4096, tie_word_embeddings=False,
+        max_position_embeddings=4096, tie_word_embeddings=bool(model.get("tie_embeddings", False)),
     )
 
 

@@ -124,6 +124,7 @@ class Model:
     intermediate_size: int = 0  # the MLP's width: 0 = 4 x hidden_size
     num_layers: int = 2
     num_heads: int = 4
+    tie_embeddings: bool = False  # the tiny model's LM head is its embedding matrix (as Qwen3 0.6B-4B's is)
     dtype: str = "bfloat16"  # the compute dtype (autocast; the generator's weights); trainer weights stay fp32
     device: str = "auto"  # cuda when there is one, else cpu; or any torch device
 

@@ -274,6 +274,55 @@ def test_after_a_sync_the_engine_holds_the_trainers_full_weights(two_ranks):
     assert not different and synced["version"] == 1
 
 
+def _rank_tied(rank: int, init_file: str, config: dict, out: str) -> None:
+    """A tied model (its LM head is its embedding matrix) on 2 FSDP ranks: a step, a checkpoint resumed, a sync."""
+    import torch.distributed as dist
+
+    from ablate.distributed.layouts import FSDP
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        ranks, cfg = FSDP(), OmegaConf.create(config)
+        step = _step(cfg, ranks=ranks)
+        learner = Learner(cfg, ranks=ranks)
+        tied = learner.policy.get_output_embeddings().weight is learner.policy.get_input_embeddings().weight
+        found = {"step": step, "tied": tied, "resumed": _resumed(cfg, ranks, Path(out).parent / "checkpoint"),
+                 "synced": _synced(cfg, ranks)}
+        if rank == 0:
+            torch.save(found, out)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def tied_ranks(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tied")
+    config = _config("model.tie_embeddings=true", "optim.lr=1e-3")
+    torch.multiprocessing.start_processes(_rank_tied, args=(str(folder / "init"), config, str(folder / "out.pt")),
+                                          nprocs=WORLD, start_method="spawn")
+    return OmegaConf.create(config), torch.load(folder / "out.pt", weights_only=False)
+
+
+def test_a_tied_model_stays_tied_through_fsdp_its_checkpoint_and_the_weight_stream(tied_ranks):
+    """Qwen3 0.6B-4B tie their LM head to their embeddings. On 2 FSDP ranks the tie holds (one tensor), the step is
+    one process's, a resumed learner takes the same next step, and an engine (tied too) gets every tensor, its head
+    the trainer's embedding. Before, no tied model went through any of it."""
+    cfg, found = tied_ranks
+    assert found["tied"]
+    one = _step(cfg)
+    assert found["step"]["after"].keys() == one["after"].keys()
+    for name, w in one["after"].items():
+        torch.testing.assert_close(found["step"]["after"][name], w, rtol=1e-5, atol=1e-6, msg=name)
+    resumed = found["resumed"]
+    for name, w in resumed["straight"].items():
+        torch.testing.assert_close(resumed["resumed"][name], w, rtol=0, atol=0, msg=name)
+    synced = found["synced"]
+    assert synced["engine"] == synced["trainer"] != synced["engine_before"]
+    assert synced["engine"]["lm_head.weight"] == synced["engine"]["model.embed_tokens.weight"]
+
+
 def test_an_engine_refuses_weights_that_miss_a_tensor():
     cfg = OmegaConf.create(_config())
     engine = Engine(build_policy(cfg.model, 0), Limits(4, 4, (0,), None), head_dtype=torch.float32,

@@ -186,3 +186,25 @@ def test_a_prompt_goes_as_the_tokenizer_wants_it_raw_or_in_its_chat_template(fol
     generator.close()
     with pytest.raises(ValueError, match="task.chat_template=true: the tokenizer has no chat template"):
         build(compose(["task.chat_template=true"]).task, tokenizer=build_tokenizer(compose([]).model), seed=0)
+
+
+def test_a_real_vocabulary_model_trains_end_to_end_and_its_rows_end_at_its_turns_end(folders, tmp_path, mlflow_uri):
+    """The trainer, whole, on the Qwen base folder (generator=hf, the default suite's; the vLLM lane runs the same
+    with generator=vllm): warm-started to end its answers at <|im_end|>, its rows stop there, few reach the length
+    limit, and the run raises no alarm of rows cut at the limit."""
+    from ablate import tracking
+    from ablate.trainer import train
+
+    cfg = _cfg(folders["qwen3-base"], "task=synthetic", "task.ops=[reverse]", "task.op_weights=[]",
+               "task.min_digits=3", "task.max_digits=4", "task.teacher_accuracy=1.0", "task.warm_start_steps=30",
+               "task.warm_start_lr=3e-3", "task.warm_start_batch=16", "generation.max_think_tokens=0",
+               "generation.max_answer_tokens=24", "train.steps=3", "train.val_every=3", "task.n_val_prompts=8",
+               "task.val_samples=1", "batch.prompts_per_step=4", "batch.samples_per_prompt=4",
+               f"paths.outputs={tmp_path}")
+    client = tracking.client(mlflow_uri)
+    run_id = tracking.create_variant_run(client, tracking.experiment_id(client, "qwen"), "scalerl", {})
+    seen = []
+    train(cfg, run_id, mlflow_uri, progress=lambda step, total, metrics: seen.append(metrics))
+    assert len(seen) == 3 and client.get_run(run_id).info.status == "FINISHED"
+    assert max(m["train/truncation_rate"] for m in seen) < 0.2, [m["train/truncation_rate"] for m in seen]
+    assert "ablate.alarm.truncated" not in client.get_run(run_id).data.tags  # (it answers wrong: no_reward may be)

@@ -244,8 +244,9 @@ def test_a_config_folder_of_ones_own_reaches_every_variant_from_the_command_line
     (folder / "model" / "mine.yaml").write_text("defaults: [/schema/model/option@_here_, _self_]\nname: mine\n"
                                                 "path: null\nhidden_size: 48\nnum_layers: 1\nnum_heads: 2\n")
     overrides = [f"hydra.searchpath=[file://{folder}]", "model=mine", "sweep=loo"]
-    expected = {p.variant.label: p.signature for p in plan(compose(overrides), overrides)}
-    assert all(p.cfg.model.hidden_size == 48 for p in plan(compose(overrides), overrides))
+    planned = plan(compose(overrides), overrides)
+    expected = {p.variant.label: p.signature for p in planned}
+    assert all(p.cfg.model.hidden_size == 48 for p in planned)
     for how in ([f"hydra.searchpath=[file://{folder}]"], ["--config-dir", str(folder)]):
         out = run_cli("-m", "ablate", *how, "model=mine", "sweep=loo", "sweep.dry_run=true", cwd=tmp_path)
         assert out.returncode == 0, out.stderr[-2000:]

@@ -434,3 +434,28 @@ def test_a_warned_direct_run_resumes_into_fresh_vllm_engine_processes(tmp_path):
     # trainer then scored, its log-probs are the trainer's
     gaps = {m.step: m.value for m in client.get_metric_history(run_id, "train/logprob_gap")}
     assert any(s > saved_at for s in gaps) and max(gaps.values()) < GAP, gaps
+
+
+@pytest.mark.timeout(900)
+def test_a_real_vocabulary_model_trains_on_vllm_and_its_rows_end_at_its_turns_end(tmp_path):
+    """A Qwen base model's folder (tests/real_models.py: the real Qwen vocabulary and ChatML template, eos
+    <|endoftext|>, 2 heads of 32 for vLLM's CPU attention), warm-started to end each answer as a ChatML turn ends,
+    at <|im_end|>, then trained with generator=vllm: vLLM stops the rows at <|im_end|> (the stop tokens' rule), so
+    few run to the length limit and no alarm of rows cut at the limit is raised. Before, vLLM stopped at the eos
+    alone."""
+    from real_models import save_model
+
+    folder = save_model("qwen3-base", tmp_path / "Qwen3-base", heads=2, kv_heads=1)
+    run_dir = tmp_path / "run"
+    found, curves = _finished_run(run_dir, [
+        "model=hf", f"model.path={folder}", f"model.dtype={str(DTYPE).removeprefix('torch.')}",
+        f"model.device={DEVICE.type}", "generator=vllm", "generator.concurrent=false", "generator.enforce_eager=true",
+        "generator.kv_cache_gib=0.25", "task=synthetic", "task.ops=[reverse]", "task.op_weights=[]",
+        "task.min_digits=3", "task.max_digits=4", "task.teacher_accuracy=1.0", "task.warm_start_steps=30",
+        "task.warm_start_lr=3e-3", "task.warm_start_batch=16", "generation.max_think_tokens=0",
+        "generation.max_answer_tokens=24", "train.steps=3", "train.val_every=3", "task.n_val_prompts=8",
+        "task.val_samples=1", "batch.prompts_per_step=4", "batch.samples_per_prompt=4"])
+    client = tracking.client(f"sqlite:///{run_dir / 'mlflow.db'}")
+    truncated = [m.value for m in client.get_metric_history(found.info.run_id, "train/truncation_rate")]
+    assert len(truncated) == 3 and max(truncated) < 0.2, truncated
+    assert "ablate.alarm.truncated" not in found.data.tags  # (it answers wrong: no_reward may be)
