@@ -170,3 +170,29 @@ def test_the_tasks_reward_of_a_right_and_a_wrong_answer_reaches_the_rollouts():
     _, _, generator, _ = _setup("task.reward_correct=1", "task.reward_wrong=-1")
     assert generator.pipeline.reward == (1.0, -1.0)
     generator.close()
+
+
+def test_paused_holds_the_generator_thread_between_two_looks_and_lets_it_go_on():
+    """Validation on an engine in this process (vLLM) takes the engine for itself: while `paused()` holds it, the
+    generator thread decodes nothing (its rows stay where they are); after, it goes on. settle() takes the weights
+    published, as the thread would at its next look (PipelineRL)."""
+    import time
+
+    _, policy, generator, _ = _setup("off_policy=pipeline_rl", "off_policy.k=2", "generator.concurrent=true",
+                                     "generation.max_think_tokens=200")
+    pipeline, engine = generator.pipeline, generator.engine
+    pipeline.thread.start()
+    deadline = time.monotonic() + 60
+    while engine.decode_steps < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pipeline.paused():
+        held = engine.decode_steps
+        time.sleep(0.5)
+        assert engine.decode_steps == held and not pipeline.advancing
+        generator.publish(policy, 1)
+        assert pipeline.settle() == 1 == engine.version and pipeline.pending is None
+    deadline = time.monotonic() + 60
+    while engine.decode_steps == held and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.decode_steps > held
+    generator.close()
