@@ -439,13 +439,14 @@ def test_a_warned_direct_run_resumes_into_fresh_vllm_engine_processes(tmp_path):
 @pytest.mark.timeout(900)
 def test_a_real_vocabulary_model_trains_on_vllm_and_its_rows_end_at_its_turns_end(tmp_path):
     """A Qwen base model's folder (tests/real_models.py: the real Qwen vocabulary and ChatML template, eos
-    <|endoftext|>, 2 heads of 32 for vLLM's CPU attention), warm-started to end each answer as a ChatML turn ends,
-    at <|im_end|>, then trained with generator=vllm: vLLM stops the rows at <|im_end|> (the stop tokens' rule), so
-    few run to the length limit and no alarm of rows cut at the limit is raised. Before, vLLM stopped at the eos
-    alone."""
+    <|endoftext|>; width 128 in 4 heads of 32, for vLLM's CPU attention), warm-started to end each answer as a
+    ChatML turn ends, at <|im_end|>, then trained with generator=vllm in the trainer's process: vLLM stops the rows
+    at <|im_end|>, so few run to the length limit, and no alarm of rows cut at the limit is raised. Before, vLLM
+    decoded model.path's checkpoint from disk until the first load, not the warm-started weights: every row of
+    step 1 ran to the limit (measured: truncation 1.0, 0.69, 0.31 over the 3 steps; now 0, 0, 0)."""
     from real_models import save_model
 
-    folder = save_model("qwen3-base", tmp_path / "Qwen3-base", heads=2, kv_heads=1)
+    folder = save_model("qwen3-base", tmp_path / "Qwen3-base", hidden=128, heads=4, kv_heads=2)
     run_dir = tmp_path / "run"
     found, curves = _finished_run(run_dir, [
         "model=hf", f"model.path={folder}", f"model.dtype={str(DTYPE).removeprefix('torch.')}",

@@ -53,7 +53,12 @@ class VLLMEngines:
             vllm_args.update(receives=self.receives, load_format="dummy")
             build = functools.partial(vllm_engine.in_engine_process, folder, vllm_args)
             return generator.remote_engine(weights, build=build, tensor_parallel=vllm_args["tensor_parallel_size"])
-        return vllm_engine.VLLMEngine(folder, generator.limits, seed=cfg.seed, **vllm_args, **generator.engine_args)
+        # In this process too, vLLM decodes the trainer's weights from the start, not the checkpoint's on disk: they
+        # differ after a warm start (before, model.path's batches up to the first load came from the checkpoint)
+        engine = vllm_engine.VLLMEngine(folder, generator.limits, seed=cfg.seed, **vllm_args, load_format="dummy",
+                                        **generator.engine_args)
+        engine.load(weights.module().state_dict(), engine.version)
+        return engine
 
 
 def model_args(model) -> dict:
