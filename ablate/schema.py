@@ -187,13 +187,15 @@ class Generator:
     name: str = MISSING
     _target_: str = MISSING
     simulated: bool = False  # a simulator playing the paper's scale (the mock): no axis is untestable for it
+    # validation rows per wave where our torch engine decodes them (docs/distributed.md#validation); here, not in a
+    # subclass, so that a preset may set it whatever the generator (a simulator's validation is drawn: unused)
+    val_wave_rows: int = 512
 
 
 @dataclass
 class HFGenerator(Generator):
     max_waves: int = 2  # waves of B x G rows decoding at once (ablate/generators/engine.py)
     concurrent: bool = False  # generation in its own thread; false = the deterministic, reproducible schedule
-    val_wave_rows: int = 512  # validation rows per wave
 
 
 @dataclass
