@@ -1,9 +1,11 @@
-"""task=math: math word and competition problems read from a JSONL file, scored by checking the final answer.
+"""task=math: math word and competition problems, scored by checking the final answer.
 
-Each line of the file is `{"problem": ..., "answer": ...}` (optionally `"solution"`, a worked completion used for
-the warm start). The file defaults to the small sample kept in the repo (`ablate/tasks/data/math_sample.jsonl`);
-point `data_path` at your own. The splits are a permutation drawn from `task_seed`: the first `n_val_prompts`
-problems are held out for validation, the rest (or the first `n_train_prompts` of them) are for training.
+Each record has a problem and an answer (optionally a solution, a worked completion used for the warm start), read
+by ablate/tasks/data.py from `data_path` (a file, a folder or a hub id; the columns named by `fields`); it defaults to
+the small sample kept in the repo (`ablate/tasks/data/math_sample.jsonl`). Repeated problems are kept once and, with
+`max_prompt_tokens`, prompts too long dropped (or refused). The splits are a permutation drawn from `task_seed`: the
+first `n_val_prompts` problems are held out for validation (or drawn from `val_data_path`, whose problems then never
+train), the rest (or the first `n_train_prompts` of them) are for training.
 
 A completion's answer is the last `\\boxed{...}` of its final answer (the text after `</think>`), else its last
 number. It is correct when it is mathematically equal to the reference: `math_verify` (Hugging Face's Math-Verify,
