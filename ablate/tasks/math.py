@@ -52,16 +52,9 @@ MATH_VERIFY_TIMEOUT_S = 5  # math_verify's own timeout uses SIGALRM: only on the
 # ---- the data
 
 def read_problems(path: Path) -> list[dict]:
-    """The records of a JSONL file, each with a string `problem` and `answer` (blank lines skipped)."""
-    if not path.is_file():
-        raise FileNotFoundError(f"task=math: data file {path} does not exist (task.data_path)")
-    records = []
-    for number, record in data.read_records(str(path)):
-        records.append(record)
-        where = f"task=math: {path}:{number}"
-        record["problem"], record["answer"] = data.problem_of(record, "problem", where), \
-            data.answer_of(record, "answer", where)
-    return records
+    """The records of a file of `{"problem", "answer"}` (and "solution"), each checked and stripped."""
+    return [{"problem": problem, "answer": answer, "solution": solution}
+            for problem, answer, solution in _problems(str(path), {}, "train", None)]
 
 
 def _problems(source: str, fields: dict, split: str, revision: str | None) -> list[tuple]:
