@@ -80,13 +80,13 @@ def check_lengths(cfg: DictConfig) -> str | None:
     positions beside the longest row; None for a model made here."""
     if not cfg.model.path:
         return None
-    from ablate.memory import Shape
+    from ablate.memory import Shape, longest_row
     from ablate.policy import model_config
 
     config = model_config(cfg.model)  # model.overrides included (max_position_embeddings, rope_scaling)
     positions = getattr(config, "max_position_embeddings", None)
     gen = cfg.generation
-    longest = int(gen.max_prompt_tokens) + int(gen.max_think_tokens) + int(gen.max_answer_tokens)
+    longest = longest_row(gen)
     if positions is not None and longest > positions:
         raise ValueError(f"generation.max_prompt_tokens + max_think_tokens + max_answer_tokens = "
                          f"{gen.max_prompt_tokens} + {gen.max_think_tokens} + {gen.max_answer_tokens} = {longest} "
@@ -230,8 +230,7 @@ def layout_memory(cfg: DictConfig, gpu_gb: float) -> list:
     shape = model_shape(cfg.model)
     compute, head = (getattr(torch, str(name)).itemsize for name in (cfg.model.dtype, cfg.precision.head_dtype))
     n, g = int(cfg.run.trainer_gpus), int(cfg.run.get("generator_gpus", 0))
-    gen = cfg.generation
-    row_tokens = int(gen.max_prompt_tokens) + int(gen.max_think_tokens) + int(gen.max_answer_tokens)
+    row_tokens = memory.longest_row(cfg.generation)
     tokens = memory.micro_batch_tokens(int(cfg.train.micro_batch_size), int(cfg.train.micro_batch_tokens or 0),
                                        row_tokens)
     rank = dict(ranks=n, micro_tokens=tokens, checkpointing=bool(cfg.train.activation_checkpointing),

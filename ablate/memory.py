@@ -96,6 +96,12 @@ class Process:
         return f"{self.name}: ~{self.total / GB:,.1f} GB{of} ({parts})"
 
 
+def longest_row(generation) -> int:
+    """A row's tokens at its longest: generation.max_prompt_tokens + max_think_tokens + max_answer_tokens (the
+    interruption's phrase aside)."""
+    return int(generation.max_prompt_tokens) + int(generation.max_think_tokens) + int(generation.max_answer_tokens)
+
+
 def micro_batch_tokens(rows: int, cap: int, row_tokens: float) -> float:
     """Tokens of the largest micro-batch of rows `row_tokens` long, padded: `rows` of them, fewer under the token cap
     `cap` (0: none; a row longer than the cap goes alone)."""

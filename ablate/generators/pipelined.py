@@ -75,14 +75,12 @@ class PipelineGenerator(Generator):
     def engine_memory(cls, cfg: DictConfig, shape, gpu_bytes: float, *, processes: int) -> dict[str, float]:
         """Our torch engine: its copy of the weights (and the staging copy, in a process of its own) and the KV
         cache of every row its waves may hold at once, at their longest."""
-        from ablate.memory import torch_engine
+        from ablate.memory import longest_row, torch_engine
 
-        gen = cfg.generation
         rows = int(cfg.generator.max_waves) * int(cfg.batch.prompts_per_step) * int(cfg.batch.samples_per_prompt)
         return {**torch_engine(shape, compute=compute_dtype(cfg.model).itemsize,
                                copies=2 if processes else 1, rows=rows / max(processes, 1),
-                               row_tokens=int(gen.max_prompt_tokens) + int(gen.max_think_tokens)
-                               + int(gen.max_answer_tokens)),
+                               row_tokens=longest_row(cfg.generation)),
                 **cls.validation_memory(cfg, shape, engines=processes)}
 
     @staticmethod
@@ -90,14 +88,13 @@ class PipelineGenerator(Generator):
         """Validation decoded by our torch engine (on the policy, or on an engine process's staging copy), beside
         the generator's own rows: the KV cache of the validation rows it holds at once (at most max_waves waves of
         val_wave_rows; an engine's share of them), at their longest."""
-        from ablate.memory import kv_bytes_per_token
+        from ablate.memory import kv_bytes_per_token, longest_row
 
-        gen, g = cfg.generation, cfg.generator
+        g = cfg.generator
         share = -(-int(cfg.task.n_val_prompts) * int(cfg.task.val_samples) // max(engines, 1))
         at_once = min(share, int(g.max_waves) * int(g.val_wave_rows))
-        row_tokens = int(gen.max_prompt_tokens) + int(gen.max_think_tokens) + int(gen.max_answer_tokens)
         return {"validation's KV cache (our engine; generator.val_wave_rows)":
-                at_once * row_tokens * kv_bytes_per_token(shape, compute_dtype(cfg.model).itemsize)}
+                at_once * longest_row(cfg.generation) * kv_bytes_per_token(shape, compute_dtype(cfg.model).itemsize)}
 
     # ------------------------------------------------------------------------------------------------- engines
     def local_engine(self, weights: Weights) -> TorchEngine:
