@@ -13,6 +13,7 @@ mantissa) would round most of it away. The LM head never runs under autocast: it
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 
 import torch
@@ -24,13 +25,19 @@ def build_tokenizer(model: DictConfig):
     if model.path:
         import transformers
 
-        tokenizer = transformers.AutoTokenizer.from_pretrained(model.path, **hub_args(model))
+        tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint(model), **hub_args(model))
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         return tokenizer
     from ablate.tasks.tokenizer import build_tokenizer as code_tokenizer
 
     return code_tokenizer()
+
+
+def checkpoint(model: DictConfig) -> str:
+    """model.path as every read of it takes it: a local folder with `~` expanded (the checks before submit expand it
+    too), or a hub name as it is."""
+    return os.path.expanduser(str(model.path))
 
 
 def hub_args(model: DictConfig) -> dict:
@@ -72,7 +79,7 @@ def stop_token_ids(model: DictConfig, generation: DictConfig, tokenizer) -> tupl
         import transformers
 
         try:
-            eos = transformers.GenerationConfig.from_pretrained(str(model.path),
+            eos = transformers.GenerationConfig.from_pretrained(checkpoint(model),
                                                                 revision=model.get("revision")).eos_token_id
         except OSError:  # no generation_config.json: the tokenizer alone
             eos = None
@@ -120,8 +127,8 @@ def build_policy(model: DictConfig, seed: int = 0, tokenizer=None, *, read_weigh
     import transformers
 
     if model.path and read_weights:
-        return transformers.AutoModelForCausalLM.from_pretrained(model.path, config=model_config(model), dtype=dtype,
-                                                                 **hub_args(model)).to(device_of(model))
+        return transformers.AutoModelForCausalLM.from_pretrained(checkpoint(model), config=model_config(model),
+                                                                 dtype=dtype, **hub_args(model)).to(device_of(model))
     config = model_config(model, tokenizer)
     torch.manual_seed(seed)
     with torch.device(device_of(model)):  # made where it runs (no CPU copy of a GPU model first)
@@ -140,7 +147,7 @@ def model_config(model: DictConfig, tokenizer=None):
     import transformers
 
     if model.path:
-        config = transformers.AutoConfig.from_pretrained(model.path, **hub_args(model))
+        config = transformers.AutoConfig.from_pretrained(checkpoint(model), **hub_args(model))
         for key, value in overrides(model).items():
             if not hasattr(config, key):
                 raise ValueError(f"model.overrides.{key}: {type(config).__name__} of model.path={model.path} has "

@@ -77,3 +77,13 @@ def test_a_folder_with_its_own_code_is_read_only_with_trust_remote_code(tmp_path
     check_model(trusted)
     assert type(model_config(trusted)).__name__ == "CustomConfig"
     assert model_args(trusted)["trust_remote_code"] is True
+
+
+def test_a_folder_under_home_is_read_as_the_check_reads_it(llama, monkeypatch):
+    """model.path=~/...: the check before submit expands `~`, and so does every read of the folder (before, the
+    check's own read of the config did not, and it failed on a folder it had just found)."""
+    monkeypatch.setenv("HOME", str(llama.parent))
+    model = _model(f"'~/{llama.name}'")  # quoted, as Hydra's grammar wants a ~
+    check_model(model)
+    assert model_config(model).max_position_embeddings == 131072
+    assert build_tokenizer(model).eos_token_id == 128009  # Llama-3.1-Instruct's <|eot_id|>

@@ -15,7 +15,7 @@ from pathlib import Path
 from ablate.distributed.layouts import Weights
 from ablate.generators.base import Capabilities, Engine
 from ablate.generators.pipelined import PipelineGenerator
-from ablate.policy import build_policy, hub_args, overrides
+from ablate.policy import build_policy, checkpoint, hub_args, overrides
 from ablate import registry
 
 
@@ -38,7 +38,7 @@ class VLLMEngines:
         from ablate.generators import vllm_engine
 
         cfg, tokenizer = generator.cfg, generator.task.tokenizer
-        folder = cfg.model.path
+        folder = checkpoint(cfg.model) if cfg.model.path else None
         if not folder:  # the tiny model: vLLM reads a folder (engine processes take only its architecture from it:
             # their weights come streamed, and rank 0 may hold no whole copy)
             model = build_policy(cfg.model, cfg.seed, tokenizer, read_weights=False) if generator.engines_apart \
