@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ class Step:
     budget_s: int  # its time limit
     command: tuple[str, ...]
     needs: str = ""  # a module it cannot run without: skipped where it is missing
+    threads: int = 0  # torch's CPU threads a process (OMP_NUM_THREADS), where several share the machine's cores
 
 
 PYTEST = (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=")
@@ -36,11 +38,12 @@ STEPS = (
     # would need every test extra there (trl, datasets), which a lent machine lacks
     Step("CUDA tests (devices, mixed precision)", 1, 120, PYTEST + ("-m", "gpu and not vllm", "tests/test_device.py")),
     # the CPU suite's files whose models follow model.device=auto onto the GPU where there is one; -v names each
-    # test as it ends, so that a step stopped at its limit still says which failed
+    # test as it ends, so that a step stopped at its limit still says which failed. 8 workers of 2 threads on a
+    # 16-core machine: at torch's default (a thread a core each) whole runs took over 120 s for 19 s on 2 CPU cores
     Step("CPU tests that follow model.device=auto onto CUDA", 1, 240,
-         PYTEST + ("-v", "-rfE", "-n", "8", "--timeout", "120", "-m", "not slow and not vllm and not slurm",
+         PYTEST + ("-v", "-rfE", "-n", "8", "--timeout", "200", "-m", "not slow and not vllm and not slurm",
                    "tests/test_device.py", "tests/test_mixed_precision.py", "tests/test_precision.py",
-                   "tests/test_trainer.py", "tests/test_engine.py"), needs="xdist"),
+                   "tests/test_trainer.py", "tests/test_engine.py"), needs="xdist", threads=2),
     Step("vLLM in-process on CUDA (graphs on), its rules and loads", 1, 180,
          PYTEST + ("-m", "vllm", "tests/test_vllm.py", "-k",
                    "not processes_of_their_own and not straight and not warned_direct"), needs="vllm"),
@@ -86,7 +89,8 @@ def run(steps: list[Step], budget_s: float, logs: Path | None = None) -> list[tu
             continue
         began = time.monotonic()
         try:
-            out = subprocess.run(step.command, cwd=ROOT, capture_output=True, text=True,
+            env = {**os.environ, "OMP_NUM_THREADS": str(step.threads)} if step.threads else None
+            out = subprocess.run(step.command, cwd=ROOT, capture_output=True, text=True, env=env,
                                  timeout=min(step.budget_s, left))
             result, said, text = ("passed" if out.returncode == 0 else f"failed ({out.returncode})"), \
                 _last_line(out.stdout + out.stderr), out.stdout + out.stderr

@@ -84,8 +84,9 @@ def test_the_logprob_gap_is_over_the_tokens_of_the_weights_scored_by_hand():
     learner = Learner(cfg)
     learner.micro_batch = ro.n  # one pass: the log-probs below are the learner's own
     P, T = int(ro.prompt_mask.sum(1).max()), int(ro.lengths.max())
+    on = ro.to(next(learner.policy.parameters()).device)  # where Learner.step scores them (CUDA under device=auto)
     with torch.no_grad():
-        logp = learner.scorer(ro.prompt_tokens[:, -P:], ro.prompt_mask[:, -P:], ro.tokens[:, :T], ro.lengths)
+        logp = learner.scorer(on.prompt_tokens[:, -P:], on.prompt_mask[:, -P:], on.tokens[:, :T], on.lengths).cpu()
     other = (ro.group % 2 == 1)[:, None].expand(-1, T).clone()  # every other prompt's completions: another version
     ro.versions = torch.where(other, 5, 0)
     ro.versions[0, 0] = -1  # row 0 (prompt 0's): its first token of an older version, the rest of version 0
