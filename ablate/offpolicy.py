@@ -50,3 +50,12 @@ class PPOOffPolicy(PipelineRL):
         return version <= self.oldest_version(next_batch - 1)  # frozen until the round that needs them
 
     loads_on_arrival = False  # the round's version is held until its last batch has started
+
+
+def first_loadable(off_policy: PipelineRL, step: int) -> int:
+    """The first step from `step` on whose weights the generator may take the moment they are made (the next batch
+    to start is the step after): `step` under PipelineRL-k; under PPO-off-policy-k the next round's first version, a
+    multiple of k. Where validation waits to decode on vLLM itself (docs/distributed.md#validation)."""
+    while not off_policy.may_load(step, step + 1):
+        step += 1
+    return step

@@ -174,6 +174,8 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
         else:
             for line in (line for line in lines if line not in printed):
                 print(f"  {p.variant.label}: {line}")
+    if gpu_gb:  # on GPUs: what the runs would cost there
+        print_cost(planned)
     if cfg.sweep.dry_run:
         if len(planned) > 1:  # the designs compare variants: none for one run
             print_designs(cfg, planned)
@@ -261,6 +263,40 @@ def check_spread(sweep: DictConfig) -> None:
     for key in ("run_sd_A", "run_sd_B", "run_sd_dof"):
         if not float(sweep[key]) >= 0:
             raise ValueError(f"sweep.{key}={sweep[key]}: must be 0 or more")
+
+
+def print_cost(planned: Sequence[Planned]) -> None:
+    """Each run's GPU-hours by the cost model (ablate/cost.py), at completions of half their budget and of all of
+    it, every row trained; variants of the same cost on one line, the sweep's total, and the paper's for scale."""
+    from ablate import cost
+    from ablate.checks import model_shape
+
+    first = planned[0].cfg
+    params = model_shape(first.model).params
+    budget = int(first.generation.max_think_tokens) + int(first.generation.max_answer_tokens)
+    speed = cost.Throughput.of(params, float(first.run.get("peak_tflops") or cost.H100_PEAK_TFLOPS),
+                               float(first.launcher.train_mfu), first.launcher.get("gen_tokens_per_s"))
+    print(f"GPU-hours (ablate/cost.py's estimate, every row trained: {speed.generate:,.0f} tokens/s a generator GPU"
+          f"{'' if first.launcher.get('gen_tokens_per_s') else ' (an upper bound: launcher.gen_tokens_per_s)'}, "
+          f"{float(first.launcher.train_mfu):.0%} MFU a trainer GPU (launcher.train_mfu); prompts at their budget, "
+          f"{int(first.generation.max_prompt_tokens):,} tokens; completions of {budget // 2:,} on average, or "
+          f"{budget:,}):")
+    lines: dict[str, list[str]] = {}
+    total = [0.0, 0.0, 0.0]
+    for p in planned:
+        half, full = (cost.estimate(p.cfg, params, completion) for completion in (budget / 2, budget))
+        total = [total[0] + half.gpu_hours, total[1] + full.gpu_hours, total[2] + half.val_gpu_hours]
+        line = (f"{half.gpu_hours:,.0f} GPU-hours ({full.gpu_hours:,.0f}), {half.step_s:,.0f} s a step, "
+                f"{half.wall_h:,.1f} h on {half.gpus} GPU{'s' if half.gpus > 1 else ''}"
+                + (f", generators idle {half.generator_idle:.0%}" if half.generator_idle >= 0.005 else "")
+                + (f"; validation +{half.val_gpu_hours:,.0f} (not in C)" if half.val_gpu_hours else ""))
+        lines.setdefault(line, []).append(p.variant.label)
+    for line, labels in lines.items():
+        print(f"  {', '.join(labels)}: {line}")
+    if len(planned) > 1:
+        print(f"  the sweep: {total[0]:,.0f} GPU-hours ({total[1]:,.0f}), validation +{total[2]:,.0f}")
+    print(f"  for scale: the paper's LOO runs of an 8B model took ~{cost.PAPER_GPU_HOURS:,.0f} GPU-hours each "
+          f"(docs/design.md#the-cost-model says why an estimate may fall short of it)")
 
 
 def print_designs(cfg: DictConfig, planned: Sequence[Planned]) -> None:

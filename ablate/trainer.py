@@ -444,7 +444,7 @@ class _Run:
             metrics, ended, weights = outcome
             self.alarms.step(step, metrics, ended - tick)
             tick = ended
-            if step % cfg.train.val_every == 0 or step == cfg.train.steps or self.rungs.due(step):  # one gather
+            if self._validates_at(step):  # one gather
                 metrics["val/pass_rate"] = self._validate(state.gpu_hours, weights, step)
                 tick = time.perf_counter()  # validation's time is not the next step's (docs/training.md)
                 metrics["compute/val_gpu_hours"] = state.val_gpu_hours
@@ -467,6 +467,15 @@ class _Run:
                 notice.hand_over()
         if self.keeps_checkpoint and state.step == cfg.train.steps and not state.diverged:
             self._save()  # its last step's: a larger train.steps goes on from here (sweep.extend=true)
+
+    def _validates_at(self, step: int) -> bool:
+        """Every train.val_every steps, at the step the generator validates each at (the same, or a few later where
+        it decodes on its own engines: ablate/generators/base.py), the last step and the adaptive sweep's looks.
+        Read from the step alone: a resumed run keeps the schedule."""
+        cfg = self.cfg
+        due = step - step % cfg.train.val_every
+        return (due > 0 and self.generator.validation_step(due) == step) or step == cfg.train.steps \
+            or self.rungs.due(step)
 
     def _validate(self, gpu_hours: float, weights: Weights, step: int) -> float:
         """The validation pass rate at this step; its device-hours go to state.val_gpu_hours, not to the law's C."""

@@ -21,18 +21,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ablate.compute import ReferenceClock, StepFlops  # noqa: E402
+from ablate.cost import ANCHOR_GEN_TOKENS_PER_S, ANCHOR_PARAMS, PAPER_GPU_HOURS, Throughput, Work  # noqa: E402
+from ablate.cost import simulate as run_clock  # noqa: E402
 from ablate.memory import (GB, Process, Shape, kv_bytes_per_token, layer_activation_bytes,  # noqa: E402
                            micro_batch_tokens, trainer, vllm_engine, vllm_room)
 from ablate.offpolicy import PipelineRL, PPOOffPolicy  # noqa: E402
 
 SETTLED = Path(__file__).resolve().parent / "adaptive_settle.json"
-PAPER_GPU_HOURS = 16_000.0  # per LOO variant (docs/design.md#what-the-paper-says)
-# measured on a lent H100, 2026-11-22/23 (docs/design.md#the-cost-model): the dense bf16 matmul peak (8192^3); raw
-# vLLM's tokens/s and FSDP2's MFU in plain transformers, on a 0.89B random Llama
+# measured on a lent H100, 2026-11-22/23 (docs/design.md#the-cost-model): the dense bf16 matmul peak (8192^3);
+# FSDP2's MFU in plain transformers on a 0.89B random Llama (raw vLLM's tokens/s: ablate/cost.py's anchor)
 H100_PEAK_TFLOPS = 798.0
-ANCHOR = {"params": 0.89e9, "gen_tokens_per_s": 26_000.0, "train_mfu": 0.32}
-
+ANCHOR = {"params": ANCHOR_PARAMS, "gen_tokens_per_s": ANCHOR_GEN_TOKENS_PER_S, "train_mfu": 0.32}
 
 @dataclass(frozen=True)
 class Variant:
@@ -54,12 +53,10 @@ def variants(kept: float, k: int) -> list[Variant]:
 
 def simulate(v: Variant, steps: int, gen_s: float, train_s: float, layout: tuple[int, int]) -> dict:
     """Run the reference clock over `steps` steps of constant work (GPU-seconds on one GPU per step)."""
-    clock = ReferenceClock(1e-12, layout, v.off_policy)  # 1e-12 TFLOP/s: one unit of work a second
-    gpu_hours = sum(clock.step(s, StepFlops(generate=gen_s, train=train_s * v.kept)) for s in range(1, steps + 1))
-    wall_s = clock.elapsed
+    r = run_clock(v.off_policy, steps, gen_s, train_s * v.kept, layout)
     trainer_busy = steps * train_s * v.kept / layout[1]
-    return {"gpu_hours": gpu_hours, "step_s": wall_s / steps, "gen_idle": clock.generator_idle_frac(),
-            "train_idle": max(1.0 - trainer_busy / wall_s, 0.0), "wall_h": wall_s / 3600.0}
+    return {"gpu_hours": r.gpu_hours, "step_s": r.step_s, "gen_idle": r.generator_idle,
+            "train_idle": max(1.0 - trainer_busy / (r.step_s * steps), 0.0), "wall_h": r.wall_h}
 
 
 def sync_seconds(params: float, gb_per_s: float) -> float:
@@ -99,11 +96,11 @@ def main() -> None:
     p.add_argument("--adaptive", type=Path, default=SETTLED, help="where each variant settled (bench_adaptive.py)")
     a = p.parse_args()
 
-    gen_tps = a.gen_tokens_per_s or ANCHOR["gen_tokens_per_s"] * ANCHOR["params"] / a.params
-    train_tps = a.train_mfu * a.peak_tflops * 1e12 / (6 * a.params)
+    speed = Throughput.of(a.params, a.peak_tflops, a.train_mfu, a.gen_tokens_per_s)
+    gen_tps, train_tps = speed.generate, speed.train
     rows = a.prompts * a.samples
-    generated, trained = rows * a.completion, rows * (a.prompt_len + a.completion)
-    gen_s, train_s = generated / gen_tps, trained / train_tps  # one GPU's seconds per step, all rows trained
+    generated = rows * a.completion
+    gen_s, train_s = Work(rows, a.prompt_len, a.completion).seconds(speed)  # one GPU's seconds, all rows trained
     sync_s = sync_seconds(a.params, a.sync_gb_per_s)
     gen_s += sync_s * a.generators  # every generator GPU receives instead of decoding
     layout = (a.generators, a.trainers)

@@ -295,19 +295,34 @@ def test_a_layout_that_does_not_fit_its_gpus_fails_in_the_dry_run_naming_the_gb(
     assert "9 variants (dry run: nothing submitted)" in printed and "  trainer rank 0: ~69.9 GB of 80 (" in printed
     assert f"model ({llama_8b}): 8.03B parameters, untied embeddings, 131,072 positions; rows of at most 16,384 " \
            "tokens" in printed  # Llama-3.1-8B's 8,030,261,248
+    # the GPU-hours (tests/test_cost.py checks the model): PPO-off-policy's rounds wait for their weights, the others
+    # cost the same; raw vLLM's 26,000 tokens/s at 0.89B is 2,882 at 8.03B
+    assert "GPU-hours (ablate/cost.py's estimate, every row trained: 2,882 tokens/s a generator GPU (an upper bound" \
+           in printed
+    costs = {line.split(":")[0].strip(): float(line.split(": ")[1].split(" GPU-hours")[0].replace(",", ""))
+             for line in printed.splitlines() if " GPU-hours (" in line and line.startswith("  ")}
+    assert set(costs) == {"scalerl, loo-dapo, loo-savg, loo-plan, loo-fp32, loo-lp, loo-batch, loo-npr", "loo-8op",
+                          "the sweep"}
+    assert costs["loo-8op"] > 1.2 * costs[next(iter(costs))]
+    assert costs["the sweep"] == pytest.approx(8 * costs[next(iter(costs))] + costs["loo-8op"], abs=5)
     assert not list(tmp_path.glob("mlflow.db*"))
 
 
 def test_validation_is_in_the_memory_check_where_our_engine_decodes_it(llama_8b, tmp_path, capsys):
-    """loo-8op (PPO-off-policy-8) validates with our torch engine on each engine process's staging copy: its KV
-    cache is 16,000 rows / 64 engines = 250 rows at once at 512 a wave, x 16,384 tokens x 131,072 bytes a token
-    (2 x 32 layers x 1,024 x bf16) = 536.9 GB; the preset's 4 waves of 2 rows: 8 x 16,384 x 131,072 = 17.2 GB.
-    Before, the check left validation out. Under PipelineRL validation decodes on vLLM itself: no such part."""
+    """loo-8op (PPO-off-policy-8) waits for a round's first step to validate on vLLM, but its last step cannot
+    wait: at 1,604 steps it falls mid-round and is validated with our torch engine on each engine process's staging
+    copy: its KV cache is 16,000 rows / 64 engines = 250 rows at once at 512 a wave, x 16,384 tokens x 131,072 bytes
+    a token (2 x 32 layers x 1,024 x bf16) = 536.9 GB; the preset's 4 waves of 2 rows: 8 x 16,384 x 131,072 =
+    17.2 GB. Before, the check left validation out. At the preset's 1,600 steps (a round's end) and under PipelineRL
+    validation decodes on vLLM itself: no such part."""
     from ablate.run import run_sweep
 
-    common = ["experiment=paper_8b", f"model.path={llama_8b}", "sweep=loo", "sweep.dry_run=true",
+    preset = ["experiment=paper_8b", f"model.path={llama_8b}", "sweep=loo", "sweep.dry_run=true",
               f"task.data_path={_problems(tmp_path / 'math.jsonl', 1100)}", f"paths.outputs={tmp_path}",
               f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"]
+    assert run_sweep(compose(preset), preset) == 0
+    assert "loo-8op: each engine process" not in capsys.readouterr().out
+    common = [*preset, "train.steps=1604"]
     wide = [*common, "generator.val_wave_rows=512"]
     with pytest.raises(ValueError) as refused:
         run_sweep(compose(wide), wide)

@@ -279,3 +279,21 @@ def test_validation_is_counted_apart_from_the_laws_compute(tmp_path, mlflow_uri,
     assert steps[2] < 0.9 / 3600  # step 3, after step 2's validation: its own time only
     assert seen[1]["compute/val_gpu_hours"] >= 2 / 3600 and seen[3]["compute/val_gpu_hours"] >= 3 / 3600  # 0, 2, 4
     assert "compute/val_gpu_hours" not in seen[0]
+
+
+def test_a_validation_waits_for_a_step_whose_weights_vllm_may_take(tmp_path, mlflow_uri, monkeypatch):
+    """generator=vllm under PPO-off-policy-k validates a due step's weights at the next round's first step (a multiple
+    of k), where vLLM takes them anyway, not mid-round on our torch engine; the last step cannot wait. Here its rule
+    (VLLMGenerator.validation_step) runs on the hf generator (vLLM is not in this suite): k = 2, every 3 steps of
+    7: validations at 0, 4 (3's), 6 and 7; under PipelineRL, 0, 3, 6 and 7."""
+    from ablate.generators.pipelined import PipelineGenerator
+    from ablate.generators.vllm import VLLMGenerator
+    from ablate.offpolicy import PipelineRL, PPOOffPolicy, first_loadable
+
+    assert [first_loadable(PPOOffPolicy(k=8), s) for s in (96, 97, 100, 104)] == [96, 104, 104, 104]
+    assert [first_loadable(PipelineRL(k=8), s) for s in (97, 100)] == [97, 100]
+    monkeypatch.setattr(PipelineGenerator, "validation_step", VLLMGenerator.validation_step)
+    common = ["train.steps=7", "train.val_every=3", "task.n_val_prompts=2", "task.val_samples=1", "off_policy.k=2"]
+    for off_policy, validated in (("ppo_off_policy", [4, 6, 7]), ("pipeline_rl", [3, 6, 7])):
+        *_, seen = _train([*common, f"off_policy={off_policy}"], tmp_path / off_policy, mlflow_uri, off_policy)
+        assert [step for step, m in enumerate(seen, 1) if "val/pass_rate" in m] == validated, off_policy

@@ -51,6 +51,11 @@ class Generator(Protocol):
         """The validation pass rate of `policy` (a module or ablate.distributed.layouts.Weights) at step `step`."""
         ...
 
+    def validation_step(self, due: int) -> int:
+        """The step at which a validation due at step `due` (train.val_every's) is made: `due`, or a later step
+        where it decodes on the generator's own engines rather than a slower copy beside them."""
+        return due
+
     def publish(self, policy, version: int) -> None:
         """The weights after optimizer step `version`, for the generator to take as its off-policy rule allows."""
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from ablate.distributed.layouts import Weights
 from ablate.generators.base import Capabilities, Engine
 from ablate.generators.pipelined import PipelineGenerator
+from ablate.offpolicy import first_loadable
 from ablate.policy import build_policy, checkpoint, hub_args, overrides
 from ablate import registry
 
@@ -81,6 +82,16 @@ class VLLMGenerator(PipelineGenerator):
                               weight_transfer)
         super().__init__(engines, **context)
 
+    def validation_step(self, due: int) -> int:
+        """Where vLLM receives every step's weights itself (weight_transfer=direct) or may take them at once
+        (PipelineRL), `due`; under PPO-off-policy-k, whose rounds hold vLLM's weights frozen, the next round's first
+        step (a multiple of k: 104 for 100 at k=8), where vLLM takes that step's weights anyway: it validates there,
+        on vLLM, instead of on our torch engine at `due`. The paper's validation is every 100 steps; this moves
+        loo-8op's points by fewer than k steps (docs/distributed.md#validation)."""
+        if getattr(self.engine, "receives", False):
+            return due
+        return first_loadable(self.pipeline.off_policy, due)
+
     @classmethod
     def engine_memory(cls, cfg, shape, gpu_bytes: float, *, processes: int) -> dict[str, float]:
         """vLLM's share of the GPU (gpu_memory_utilization), which must hold its weights, and in an engine process
@@ -98,9 +109,11 @@ class VLLMGenerator(PipelineGenerator):
                              f"GPU cannot hold vLLM's {compute * shape.params / tp / GB:,.1f} GB of weights")
         parts = vllm_engine(shape, compute=compute, gpu_bytes=gpu_bytes, utilization=float(g.gpu_memory_utilization),
                             staged=bool(processes) and g.get("weight_transfer", "staged") == "staged")
-        # validation decodes on vLLM when it may take each step's weights at once (PipelineRL) or receives them
-        # itself; else (PPO-off-policy's frozen rounds) our torch engine decodes it beside vLLM (pipelined.validate)
+        # validation decodes on vLLM when it may take each step's weights at once (PipelineRL), receives them itself,
+        # or waits for a step where it may (validation_step); a validation that cannot wait (the last step mid-round,
+        # an adaptive sweep's look) is decoded by our torch engine beside vLLM (pipelined.validate)
         direct = processes and g.get("weight_transfer") == "direct"
-        if not (registry.build(cfg.off_policy).loads_on_arrival or direct):
+        off_policy, steps = registry.build(cfg.off_policy), int(cfg.train.steps)
+        if not direct and (first_loadable(off_policy, steps) != steps or cfg.get("sweep", {}).get("adaptive")):
             parts.update(cls.validation_memory(cfg, shape, engines=processes // tp if processes else 0))
         return parts

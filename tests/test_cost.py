@@ -1,0 +1,49 @@
+"""The cost model (ablate/cost.py) against step times worked out by hand, and the pre-flight that prints it."""
+
+from __future__ import annotations
+
+import pytest
+
+from ablate import cost
+from ablate.config import compose
+
+# 16 rows a step (4 prompts x 4), prompts at their budget of 100 tokens, completions of 200 (half of 300 + 100);
+# a generator GPU at 1,000 tokens/s, a trainer GPU at 0.3 x 1,000 TFLOP/s / 6e9 FLOPs a token = 50,000 tokens/s:
+# one GPU generates a step in 16 x 200 / 1,000 = 3.2 s and trains it in 16 x 300 / 50,000 = 0.096 s
+SMALL = ["batch.prompts_per_step=4", "batch.samples_per_prompt=4", "generation.max_prompt_tokens=100",
+         "generation.max_think_tokens=300", "generation.max_answer_tokens=100", "train.steps=96", "train.val_every=100",
+         "task.n_val_prompts=10", "task.val_samples=4", "run.peak_tflops=1000", "launcher.train_mfu=0.3",
+         "launcher.gen_tokens_per_s=1000", "off_policy.k=8"]
+
+
+def test_throughputs_and_a_steps_seconds_by_hand():
+    speed = cost.Throughput.of(1e9, 1000.0, 0.3, 1000.0)
+    assert (speed.generate, speed.train) == pytest.approx((1000.0, 50_000.0))
+    assert cost.Work(16, 100.0, 200.0).seconds(speed) == pytest.approx((3.2, 0.096))
+    assert cost.Work(16, 100.0, 200.0, kept=0.5).seconds(speed) == pytest.approx((3.2, 0.048))
+    # unset: raw vLLM's 26,000 tokens/s at 0.89B, by FLOPs: 26,000 x 0.89 / 8 at 8B
+    assert cost.Throughput.of(8e9, 989.0, 0.32).generate == pytest.approx(2892.5)
+    with pytest.raises(ValueError, match="launcher.train_mfu"):
+        cost.Throughput.of(1e9, 1000.0, 1.5)
+
+
+def test_a_pipeline_a_ppo_round_and_a_colocated_engine_by_hand():
+    """On 4 generator + 2 trainer GPUs a step generates in 0.8 s and trains in 0.048 s. PipelineRL-8: batches 1-9 all
+    start on weights 0, one round, trained from its end (7.2 s: the reference clock's rule, docs/design.md); batch 10
+    waits for weights 1 (7.248 s), then 87 batches back to back and the last one's training: 7.248 + 69.6 + 0.048 =
+    76.896 s. PPO-off-policy-8 generates a round of 8
+    (6.4 s) and then trains its 8 steps (0.384 s) before the next round starts: 12 x 6.784 = 81.408 s. Every GPU
+    counted: x 6 GPUs. With the engine in trainer rank 0's process on one GPU: 96 x (3.2 + 0.096) s on 1 GPU."""
+    pipeline = cost.estimate(compose([*SMALL, "run=fsdp", "run.trainer_gpus=2", "run.generator_gpus=4"]), 1e9, 200.0)
+    assert pipeline.step_s * 96 == pytest.approx(76.896)
+    assert pipeline.gpu_hours == pytest.approx(6 * 76.896 / 3600)
+    assert pipeline.generator_idle == pytest.approx(1 - 76.8 / 76.896)
+    # one validation (step 0's: 96 steps, every 100th): 10 x 4 rows x 200 tokens / 1,000 tokens/s / 4 GPUs = 2 s
+    assert pipeline.val_gpu_hours == pytest.approx(2.0 * 6 / 3600)
+    ppo = cost.estimate(compose([*SMALL, "run=fsdp", "run.trainer_gpus=2", "run.generator_gpus=4",
+                                 "off_policy=ppo_off_policy"]), 1e9, 200.0)
+    assert ppo.gpu_hours == pytest.approx(6 * 12 * (6.4 + 0.384) / 3600)
+    alone = cost.estimate(compose(SMALL), 1e9, 200.0)
+    assert (alone.gpus, alone.generator_idle) == (1, 0.0)
+    assert alone.gpu_hours == pytest.approx(96 * (3.2 + 0.096) / 3600)
+    assert alone.val_gpu_hours == pytest.approx(10 * 4 * 200 / 1000 / 3600)
