@@ -46,7 +46,8 @@ def preflight(cfg: DictConfig) -> list[str]:
     """What a run is made of, checked before any run (each check fails in one line) and printed: the stop tokens, the
     model's size and positions, the data's splits; the tokenizer loaded once for all of them."""
     tokenizer = _tokenizer(cfg.model)
-    return [line for line in (check_stops(cfg, tokenizer), check_lengths(cfg), check_task(cfg, tokenizer)) if line]
+    return [line for line in (check_stops(cfg, tokenizer), check_lengths(cfg, tokenizer), check_task(cfg, tokenizer))
+            if line]
 
 
 def _tokenizer(model: DictConfig):
@@ -72,30 +73,38 @@ def check_stops(cfg: DictConfig, tokenizer=None) -> str | None:
     return f"stop tokens ({cfg.model.path}): {describe_stops(ids, tokenizer)}"
 
 
-def check_lengths(cfg: DictConfig) -> str | None:
+def check_lengths(cfg: DictConfig, tokenizer=None) -> str | None:
     """Fail at once, in one line, when a row at its longest (generation.max_prompt_tokens + max_think_tokens +
-    max_answer_tokens) would pass the positions of a model from model.path (max_position_embeddings): vLLM refuses
-    to start, and our engine would run past what the model was trained on. The tiny models made here are not held
-    to it (their rotary positions have no end). Returns the line printed before any run: the model's size, tying and
-    positions beside the longest row; None for a model made here."""
+    the interruption's phrase, in this tokenizer's tokens + max_answer_tokens) would pass the positions of a model
+    from model.path (max_position_embeddings): vLLM refuses to start, and our engine would run past what the model
+    was trained on. The tiny models made here are not held to it (their rotary positions have no end). Returns the
+    line printed before any run: the model's size, tying and positions beside the longest row; None for a model
+    made here."""
     if not cfg.model.path:
         return None
     from ablate.memory import Shape, longest_row
     from ablate.policy import model_config
+    from ablate.registry import build
 
     config = model_config(cfg.model)  # model.overrides included (max_position_embeddings, rope_scaling)
     positions = getattr(config, "max_position_embeddings", None)
     gen = cfg.generation
-    longest = longest_row(gen)
+    phrase = build(cfg.length_control).phrase  # injected at the thinking budget: its tokens are the row's too
+    tokenizer = tokenizer if tokenizer is not None or not phrase else _tokenizer(cfg.model)
+    injected = len(tokenizer.encode(phrase, add_special_tokens=False)) if phrase else 0
+    longest = longest_row(gen) + injected
     if positions is not None and longest > positions:
-        raise ValueError(f"generation.max_prompt_tokens + max_think_tokens + max_answer_tokens = "
-                         f"{gen.max_prompt_tokens} + {gen.max_think_tokens} + {gen.max_answer_tokens} = {longest} "
-                         f"tokens, more than model.path={cfg.model.path} has positions for "
-                         f"(max_position_embeddings {positions}): lower them")
+        parts = f"{gen.max_prompt_tokens} + {gen.max_think_tokens} + " + (f"{injected} + " if injected else "")
+        raise ValueError(f"generation.max_prompt_tokens + max_think_tokens + "
+                         + ("the interruption's phrase + " if injected else "")
+                         + f"max_answer_tokens = {parts}{gen.max_answer_tokens} = {longest} tokens, more than "
+                         f"model.path={cfg.model.path} has positions for (max_position_embeddings {positions}): "
+                         f"lower them")
     shape = Shape.of(config)
     size = f"{shape.params / 1e9:.2f}B" if shape.params >= 1e9 else f"{shape.params / 1e6:.1f}M"
     return (f"model ({cfg.model.path}): {size} parameters, {'tied' if shape.tied else 'untied'} embeddings, "
-            f"{f'{positions:,}' if positions else 'unbounded'} positions; rows of at most {longest:,} tokens")
+            f"{f'{positions:,}' if positions else 'unbounded'} positions; rows of at most {longest:,} tokens"
+            + (f" (the interruption's phrase {injected} of them)" if injected else ""))
 
 
 PROMPT_SHOWN = 600  # characters of the rendered prompt the pre-flight prints

@@ -293,8 +293,9 @@ def test_a_layout_that_does_not_fit_its_gpus_fails_in_the_dry_run_naming_the_gb(
     assert run_sweep(compose(common), common) == 0
     printed = capsys.readouterr().out
     assert "9 variants (dry run: nothing submitted)" in printed and "  trainer rank 0: ~69.9 GB of 80 (" in printed
-    assert f"model ({llama_8b}): 8.03B parameters, untied embeddings, 131,072 positions; rows of at most 16,384 " \
-           "tokens" in printed  # Llama-3.1-8B's 8,030,261,248
+    assert f"model ({llama_8b}): 8.03B parameters, untied embeddings, 131,072 positions; rows of at most 16,404 " \
+           "tokens (the interruption's phrase 20 of them)" in printed  # Llama-3.1-8B's 8,030,261,248; 2,048 + 12,288
+    # + 2,048 + the phrase in Llama-3's tokens
     # the GPU-hours (tests/test_cost.py checks the model): PPO-off-policy's rounds wait for their weights, the others
     # cost the same; raw vLLM's 26,000 tokens/s at 0.89B is 2,882 at 8.03B
     assert "GPU-hours (ablate/cost.py's estimate, every row trained: 2,882 tokens/s a generator GPU (an upper bound" \

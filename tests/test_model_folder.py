@@ -35,7 +35,7 @@ def test_overrides_replace_the_config_for_the_trainer_the_length_check_and_vllm(
     assert build_policy(model, read_weights=False).config.max_position_embeddings == 4096
     cfg = compose(["experiment=paper_8b", "model=hf", f"model.path={llama}",
                    "+model.overrides.max_position_embeddings=4096"])
-    with pytest.raises(ValueError, match=r"= 16384 tokens, more than .* \(max_position_embeddings 4096\)"):
+    with pytest.raises(ValueError, match=r"= 16404 tokens, more than .* \(max_position_embeddings 4096\)"):
         check_lengths(cfg)
     assert model_args(cfg.model) == {"revision": None, "trust_remote_code": False,
                                      "hf_overrides": {"max_position_embeddings": 4096}}

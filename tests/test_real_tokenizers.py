@@ -83,16 +83,24 @@ def test_rows_longer_than_the_models_positions_fail_before_any_run_naming_the_le
     folder = save_model("qwen3-base", tmp_path / "qwen-math", weights=False)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
-    with pytest.raises(ValueError, match=r"^generation.max_prompt_tokens \+ max_think_tokens \+ max_answer_tokens = "
-                                         r"2048 \+ 12288 \+ 2048 = 16384 tokens, more than model.path=.* has "
-                                         r"positions for \(max_position_embeddings 4096\): lower them$"):
+    with pytest.raises(ValueError, match=r"^generation.max_prompt_tokens \+ max_think_tokens \+ the interruption's "
+                                         r"phrase \+ max_answer_tokens = 2048 \+ 12288 \+ 19 \+ 2048 = 16403 tokens, "
+                                         r"more than model.path=.* has positions for \(max_position_embeddings "
+                                         r"4096\): lower them$"):
         check_lengths(compose(["experiment=paper_8b", f"model.path={folder}"]))
-    line = check_lengths(compose(["experiment=paper_8b", f"model.path={folder}", "generation.max_prompt_tokens=1024",
-                                  "generation.max_think_tokens=2048", "generation.max_answer_tokens=1024"]))
+    # the phrase injected at the thinking budget is 19 of Qwen's tokens, and vLLM's max_model_len counts them: rows
+    # of 1,024 + 2,048 + 1,024 tokens passed this check before and made vLLM ask for 4,115 positions of 4,096
+    quarter = ["experiment=paper_8b", f"model.path={folder}", "generation.max_prompt_tokens=1024",
+               "generation.max_think_tokens=2048"]
+    with pytest.raises(ValueError, match=r"= 1024 \+ 2048 \+ 19 \+ 1024 = 4115 tokens, more than"):
+        check_lengths(compose([*quarter, "generation.max_answer_tokens=1024"]))
+    line = check_lengths(compose([*quarter, "generation.max_answer_tokens=1005"]))
     # what is printed before any run: 151,936 x 64 tied embeddings, 2 layers of 4 x 64^2 + 3 x 64 x 128, the norms
     params = 151936 * 64 + 2 * (4 * 64 * 64 - 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64) + 64
     assert line == (f"model ({folder}): {params / 1e6:.1f}M parameters, tied embeddings, 4,096 positions; rows of at "
-                    f"most 4,096 tokens")
+                    f"most 4,096 tokens (the interruption's phrase 19 of them)")
+    assert check_lengths(compose([*quarter, "generation.max_answer_tokens=1024", "length_control=truncation"])) \
+        .endswith("rows of at most 4,096 tokens")  # no phrase
     check_lengths(compose(["experiment=paper_8b", "model=llama_1b"]))  # a model made here: no end to its positions
 
 

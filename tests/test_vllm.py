@@ -281,6 +281,22 @@ def test_generator_vllm_decoding_in_its_own_thread_keeps_the_staleness_bound(tmp
     assert [m.value for m in client.get_metric_history(run_id, "val/on_engine")] == [1.0]
 
 
+def test_ppo_off_policy_validates_on_vllm_at_a_rounds_first_step(tmp_path, mlflow_uri):
+    """generator=vllm under PPO-off-policy-2 (vLLM's weights frozen for a round): step 3's validation waits for step
+    4, a round's first, and decodes on vLLM (before: on our torch engine, mid-round); the last step, 5, cannot wait
+    and decodes on the policy with our engine."""
+    cfg = compose(["generator=vllm", "generator.concurrent=false", "generator.enforce_eager=true",
+                   "generator.kv_cache_gib=0.25", f"model.dtype={str(DTYPE).removeprefix('torch.')}",
+                   "model.num_heads=2", f"model.device={DEVICE.type}", "off_policy=ppo_off_policy", "off_policy.k=2",
+                   "train.steps=5", "train.val_every=3", "task.n_val_prompts=8", f"paths.outputs={tmp_path}"])
+    client = tracking.client(mlflow_uri)
+    run_id = tracking.create_variant_run(client, tracking.experiment_id(client, "vllm"), "scalerl", {})
+    train(cfg, run_id, mlflow_uri)
+    on_engine = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "val/on_engine"))
+    assert on_engine == [(4, 1.0), (5, 0.0)]
+    assert sorted(m.step for m in client.get_metric_history(run_id, "val/pass_rate")) == [0, 4, 5]
+
+
 def _finished_run(folder, overrides: list[str]):
     """`python -m ablate <overrides>` in `folder`: its run (FINISHED) and its validation, loss and reward curves,
     [(step, value)] each."""
