@@ -184,7 +184,8 @@ def completion_logprobs(model: torch.nn.Module, prompt_tokens: torch.Tensor, pro
     prompt_tokens [N, P] left-padded (prompt_mask marks the real ones); tokens [N, T] right-padded to `lengths`.
     Injected tokens are part of the context like any other; the loss mask keeps them out of the loss.
     With a sampling temperature, the log-probs are those of the tempered distribution the generator sampled from.
-    The decoder runs under `autocast(compute_dtype)`; the head in the precision option's dtype.
+    The decoder runs under `autocast(compute_dtype)`; the head in the precision option's dtype (its operands, for
+    the fp32 head, in `compute_dtype`).
     """
     N, P = prompt_tokens.shape
     T = tokens.shape[1]
@@ -196,11 +197,9 @@ def completion_logprobs(model: torch.nn.Module, prompt_tokens: torch.Tensor, pro
                                      attention_mask=attention.long(), position_ids=positions).last_hidden_state
     predicting = hidden[:, P - 1:P - 1 + T]  # the state at position p predicts the token at p + 1
     lm_head = model.get_output_embeddings()
-    bias = lm_head.bias
-    if temperature != 1.0:  # logits / t == (hidden / t) @ W.T + bias / t
-        predicting = predicting / temperature
-        bias = bias / temperature if bias is not None else None
-    logp = head(predicting, lm_head.weight, tokens, bias=bias)
+    # the head's operands in the compute dtype where the precision option takes them so (the generator's: bf16
+    # hidden states and weights); the temperature divides the logits, as the generators do
+    logp = head(predicting, lm_head.weight, tokens, bias=lm_head.bias, temperature=temperature, operands=compute_dtype)
     return torch.where(inside, logp, torch.zeros_like(logp))
 
 

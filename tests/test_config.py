@@ -25,7 +25,7 @@ def test_every_design_axis_is_a_group_with_the_designed_options():
     assert options["loss"] >= {"cispo", "dapo", "gspo", "grpo"}
     assert options["aggregation"] == {"prompt_mean", "sample_mean", "token_mean"}
     assert options["normalization"] == {"batch", "prompt", "none"}
-    assert options["precision"] == {"fp32_head", "bf16"}
+    assert options["precision"] == {"fp32_head", "fp32_exact", "bf16"}
     assert options["length_control"] == {"interruption", "length_penalty", "truncation"}
     assert options["off_policy"] == {"pipeline_rl", "ppo_off_policy"}
     assert options["recipe"] == {"scalerl", "deepseek_grpo", "qwen_dapo", "magistral", "minimax_m1"}

@@ -113,7 +113,7 @@ def _call(group: str, option, x: dict):
 RL_OPTIONS = [(g, o) for g in ("loss", "aggregation", "normalization", "precision", "length_control", "filtering")
               for o in {"loss": ["cispo", "dapo", "dapo_qwen", "gspo", "grpo"],
                         "aggregation": ["prompt_mean", "sample_mean", "token_mean"],
-                        "normalization": ["batch", "prompt", "none"], "precision": ["fp32_head", "bf16"],
+                        "normalization": ["batch", "prompt", "none"], "precision": ["fp32_head", "fp32_exact", "bf16"],
                         "length_control": ["interruption", "length_penalty", "truncation"],
                         "filtering": ["both", "zero_variance", "none"]}[g]]
 
@@ -220,3 +220,27 @@ def test_a_whole_run_makes_every_tensor_on_its_device(name, mlflow_uri, tmp_path
 def test_a_whole_run_on_cuda(name, mlflow_uri, tmp_path, cache):
     seen = _whole_run([*WHOLE_RUNS[name], "model.device=cuda"], mlflow_uri, tmp_path, cache, torch.device("cuda"))
     assert all(np.isfinite(m["loss/policy"]) for m in seen)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_fp32_heads_fused_bf16_matmul_on_cuda_matches_the_upcast_one():
+    """On CUDA the fp32 head takes bf16 operands into fp32 logits in one GEMM (torch.mm's out_dtype, tensor cores);
+    on CPU the same numbers come from the rounded operands upcast. Log-probs and gradients agree to the order of
+    the sums (the fused backward rounds the incoming gradient to bf16, as autocast's matmuls do)."""
+    from ablate.rl import precision
+
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(300, 512) * 2, torch.randn(4000, 512) * 0.05
+    targets = torch.randint(0, 4000, (300,))
+    upstream = torch.randn(300)
+    results = []
+    for device in ("cuda", "cpu"):
+        h, w = hidden.to(device).requires_grad_(), weight.to(device).requires_grad_()
+        logp = precision.fp32_head(h, w, targets.to(device), operands=torch.bfloat16, chunk_size=128)
+        (logp * upstream.to(device)).sum().backward()
+        results.append([t.detach().cpu() for t in (logp, h.grad, w.grad)])
+    (on_gpu, on_cpu) = results
+    torch.testing.assert_close(on_gpu[0], on_cpu[0], rtol=0, atol=1e-4)
+    for fused, upcast in zip(on_gpu[1:], on_cpu[1:]):
+        torch.testing.assert_close(fused, upcast, rtol=2e-2, atol=1e-3)

@@ -99,3 +99,58 @@ def test_the_bf16_head_casts_the_head_once_not_once_per_chunk():
     with Casts((32, 8)) as casts:
         precision.bf16(hidden, weight, targets, chunk_size=2).sum().backward()
     assert casts.count == 1 and weight.grad is not None
+
+
+def test_the_fp32_head_takes_the_generators_bf16_operands_and_fp32_exact_does_not():
+    """vLLM's fp32 head (and our engine's, on its bf16 copy) multiplies bf16 hidden states and weights into fp32
+    logits. fp32_head with operands=bf16 is that head: equal to it, not to fp64; fp32_exact (fp32 operands) is
+    fp64's to fp32's rounding and differs from the generator's by the operands' rounding (bench/bench_head.py: ~5e-3 a token
+    at H 4096)."""
+    hidden, weight, _, targets = _case(3, M=64, H=256, V=300)
+    hidden, weight = hidden.detach() * 3, weight.detach() * 0.5
+    exact = torch.log_softmax(hidden.double() @ weight.double().T, -1).gather(-1, targets[:, None])[:, 0]
+    generator = torch.log_softmax(hidden.bfloat16().float() @ weight.bfloat16().float().T, -1) \
+        .gather(-1, targets[:, None])[:, 0]
+    ours = precision.fp32_head(hidden, weight, targets, operands=torch.bfloat16, chunk_size=16)
+    exact32 = precision.fp32_exact(hidden, weight, targets, operands=torch.bfloat16, chunk_size=16)
+    torch.testing.assert_close(ours, generator, rtol=0, atol=1e-5)  # fp32 sums in another order
+    assert (exact32.double() - exact).abs().max() < 5e-5  # log-probs down to -34: fp32's own rounding
+    assert (ours.double() - exact).abs().mean() > 10 * (exact32.double() - exact).abs().mean()
+    assert (exact32 - generator).abs().mean() > 1e-4
+    # without operands (a model computing in fp32) the fp32 head is exact
+    assert (precision.fp32_head(hidden, weight, targets).double() - exact).abs().max() < 5e-5
+
+
+def test_the_temperature_divides_the_logits_as_the_generators_do():
+    hidden, weight, bias, targets = _case(4)
+    hidden, weight, bias = hidden.detach(), weight.detach(), bias.detach()
+    for head, dtype in ((precision.fp32_head, torch.float32), (precision.bf16, torch.bfloat16)):
+        logits = (hidden.to(dtype) @ weight.to(dtype).T + bias.to(dtype)).float() / 0.6
+        expected = torch.log_softmax(logits, -1).gather(-1, targets[:, None])[:, 0]
+        torch.testing.assert_close(head(hidden, weight, targets, bias=bias, temperature=0.6, chunk_size=8), expected,
+                                   rtol=0, atol=1e-5)
+
+
+def test_the_fused_bf16_matmul_of_cuda_in_value_gradient_and_device():
+    """_RoundedMatmul (CUDA: torch.mm's out_dtype, which has no autograd) with its product put in as the upcast one
+    (torch.mm has no out_dtype on CPU): the value and both gradients of the upcast path, the incoming gradient
+    rounded to bf16 as autocast's matmuls round theirs; and on the meta device, with torch.mm's own out_dtype, an
+    fp32 output and each gradient in its input's dtype."""
+    class OnCpu(precision._RoundedMatmul):
+        @staticmethod
+        def mm(x, y):
+            return x.float() @ y.float()
+
+    a, b = torch.randn(6, 8, requires_grad=True), torch.randn(5, 8, requires_grad=True)
+    upstream = torch.randn(6, 5)
+    out = OnCpu.apply(a, b, torch.bfloat16)
+    out.backward(upstream)
+    a16, b16, g16 = a.detach().bfloat16().float(), b.detach().bfloat16().float(), upstream.bfloat16().float()
+    torch.testing.assert_close(out, a16 @ b16.T, rtol=0, atol=0)
+    torch.testing.assert_close(a.grad, g16 @ b16, rtol=0, atol=0)
+    torch.testing.assert_close(b.grad, g16.T @ a16, rtol=0, atol=0)
+    a = torch.randn(6, 8, device="meta", requires_grad=True)
+    b = torch.randn(5, 8, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    out = precision._RoundedMatmul.apply(a, b, torch.bfloat16)
+    out.sum().backward()
+    assert (out.dtype, out.shape, a.grad.dtype, b.grad.dtype) == (torch.float32, (6, 5), torch.float32, torch.bfloat16)
