@@ -351,6 +351,9 @@ class Launcher:
     constraint: str | None = None
     array_parallelism: int = 64
     signal_delay_s: int = 120  # SLURM sends USR2 this long before the time limit: checkpoint, then requeue
+    # the network interface between a job's nodes (ib0, eth0, ...), for both planes: gloo's control messages and
+    # NCCL's tensors (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME); unset: each library picks one (docs/distributed.md)
+    network_interface: Optional[str] = None
     max_requeues: int = 20  # time limits and preemptions a job may survive
     setup: list[str] = field(default_factory=list)  # shell lines run before the job (module load, conda activate)
     additional: dict[str, Any] = field(default_factory=dict)  # extra sbatch options

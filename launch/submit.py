@@ -117,8 +117,10 @@ def executor_parameters(launcher: Mapping[str, Any], cluster: str, job_name: str
                 params[f"slurm_{key}"] = launcher[key]
         params["slurm_array_parallelism"] = launcher["array_parallelism"]
         params["slurm_signal_delay_s"] = launcher.get("signal_delay_s", 120)
-        if launcher.get("setup"):
-            params["slurm_setup"] = list(launcher["setup"])
+        interface = launcher.get("network_interface")  # gloo's control plane and NCCL's data plane between nodes
+        setup = [f"export GLOO_SOCKET_IFNAME={interface} NCCL_SOCKET_IFNAME={interface}"] if interface else []
+        if setup or launcher.get("setup"):
+            params["slurm_setup"] = setup + list(launcher.get("setup") or [])
         if launcher.get("additional"):
             params["slurm_additional_parameters"] = dict(launcher["additional"])
         if launcher.get("srun_args"):  # srun's own options: pyxis's --container-image, --container-mounts

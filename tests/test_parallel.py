@@ -817,19 +817,31 @@ def test_a_bad_layout_is_one_line_from_the_cli_and_creates_no_run(tmp_path):
 
 
 def _free_rendezvous_job_id() -> int:
-    """A SLURM-like job id whose rendezvous port (29500 + id % 10000, ablate/distributed/topology.py: nodes) is free here."""
+    """A SLURM-like job id whose rendezvous port (ablate/distributed/topology.py: rendezvous_port) is free here."""
     import random
     import socket
+
+    from ablate.distributed.topology import rendezvous_port
 
     for _ in range(100):
         job = random.randrange(1, 10000)
         with socket.socket() as s:
             try:
-                s.bind(("localhost", 29500 + job))
+                s.bind(("localhost", rendezvous_port(str(job))))
                 return job
             except OSError:
                 continue
-    raise RuntimeError("no free port in 29500..39499")
+    raise RuntimeError("no free rendezvous port")
+
+
+def test_the_rendezvous_port_is_below_the_ephemeral_range_and_the_same_on_every_node():
+    """Linux hands out 32,768-60,999 (by default) to outgoing connections: a rendezvous port there may be taken on
+    the head node by any of them. Job 1,234,567: 20,000 + 4,567."""
+    from ablate.distributed.topology import rendezvous_port
+
+    assert rendezvous_port("1234567") == 24567
+    assert max(rendezvous_port(str(job)) for job in range(20000)) == 29999 < 32768
+    assert min(rendezvous_port(str(job)) for job in range(20000)) == 20000
 
 
 def test_a_job_of_two_nodes_starts_its_ranks_on_both_and_finishes(tmp_path):
@@ -899,3 +911,25 @@ def test_processes_fed_by_rank_0_make_the_model_in_their_dtype_without_reading_t
     assert staged.state_dict().keys() == follower.state_dict().keys()
     with pytest.raises(OSError):  # what reading it would have done
         build_policy(OmegaConf.create(model), cfg.seed)
+
+
+def test_a_following_rank_is_sent_its_own_rows_and_the_batch_wide_fields():
+    """FSDP.lead_step sends rank r of 2 `rows_only(rows)` of the rows it will deal itself: their tokens, prompts,
+    log-probs and versions, every row's rewards, lengths and masks; it steps on `expanded(rows)`, the batch again
+    with zeros at the rows it does not train. Before, each rank was sent the whole batch."""
+    import pickle
+
+    ro, _, keep = _batch(OmegaConf.create(_config()), prompts=range(8))
+    lengths, trained = ro.prompt_mask.sum(dim=1) + ro.lengths, (ro.mask & keep[:, None]).any(dim=1)
+    rows = torch.nonzero(_dealt(lengths, trained, 1, 2)).squeeze(1)
+    share = ro.rows_only(rows)
+    assert share.tokens.shape[0] == len(rows) == ro.n // 2 and share.mask.shape == ro.mask.shape
+    again = share.expanded(rows)
+    for name in ("prompt_tokens", "tokens", "gen_logprobs", "versions"):
+        whole, back = getattr(ro, name), getattr(again, name)
+        assert back.shape == whole.shape and torch.equal(back[rows], whole[rows])
+        others = torch.ones(ro.n, dtype=torch.bool)
+        others[rows] = False
+        assert not back[others].any()
+    assert torch.equal(again.mask, ro.mask) and torch.equal(again.lengths, ro.lengths)
+    assert len(pickle.dumps((share, rows))) < 0.7 * len(pickle.dumps(ro))

@@ -496,14 +496,16 @@ def test_a_job_runs_through_the_launchers_python_and_srun_args(slurm, tmp_path):
     """launcher.python and launcher.srun_args, as a container needs them (`apptainer exec ... python`; pyxis's
     srun options): here a wrapper that notes it ran, and an srun option that sets a variable the wrapper sees."""
     wrapper = tmp_path / "in-container"
-    wrapper.write_text(f"#!/bin/sh\necho \"wrapped $ABLATE_SRUN_SAW\" >> {tmp_path / 'marker'}\n"
-                       f"exec {sys.executable} \"$@\"\n")
+    wrapper.write_text(f"#!/bin/sh\necho \"wrapped $ABLATE_SRUN_SAW $GLOO_SOCKET_IFNAME $NCCL_SOCKET_IFNAME\" >> "
+                       f"{tmp_path / 'marker'}\nexec {sys.executable} \"$@\"\n")
     wrapper.chmod(0o755)
     out = _ablate(tmp_path, "sweep=none", "train.steps=4", "train.val_every=2", f"launcher.python={wrapper}",
-                  "launcher.srun_args=[\"--export=ALL,ABLATE_SRUN_SAW=yes\"]", env=slurm.env)
+                  "launcher.srun_args=[\"--export=ALL,ABLATE_SRUN_SAW=yes\"]", "launcher.network_interface=lo",
+                  env=slurm.env)
     assert out.returncode == 0, out.stderr
     assert _wait_until_done(tmp_path).stdout.count(" completed ") == 1
-    assert (tmp_path / "marker").read_text().splitlines()[0] == "wrapped yes"
+    # launcher.network_interface reaches both planes' libraries in the job
+    assert (tmp_path / "marker").read_text().splitlines()[0] == "wrapped yes lo lo"
     client, exp = _client(tmp_path)
     (run,) = [r for r in client.search_runs([exp]) if r.data.tags["ablate.role"] == "variant"]
     assert run.info.status == "FINISHED"

@@ -186,8 +186,17 @@ class FSDP:
                 total += sum(g.numel() * g.element_size() for g in held if g is not None)
         return total
 
-    def lead_step(self, *batch) -> None:
-        self.leader.step(*batch)
+    def lead_step(self, ro, rewards: torch.Tensor, keep: torch.Tensor) -> None:
+        """Rank 0, before a learner step: each other rank is sent the rows it will train (`share`, as it will deal
+        them itself) and the batch-wide fields, and steps on the batch they make again (Rollouts.expanded)."""
+        if not self.leader.leads:
+            return
+        lengths, trained = ro.prompt_mask.sum(dim=1) + ro.lengths, (ro.mask & keep[:, None]).any(dim=1)
+        shares = [None]
+        for rank in range(1, self.world):
+            rows = torch.nonzero(_dealt(lengths, trained, rank, self.world)).squeeze(1)
+            shares.append((ro.rows_only(rows), rows, rewards, keep))
+        self.leader.step(shares)
 
     def gathered(self, policy: torch.nn.Module) -> torch.nn.Module | None:
         """Rank 0's unsharded copy of the policy with the trainer's current weights (gathered tensor by tensor), for

@@ -25,10 +25,20 @@ def devices_held(device: torch.device) -> int:
     return (torch.cuda.device_count() if device.type == "cuda" else 1) * node_count()
 
 
+# the rendezvous port of a job of several nodes: RENDEZVOUS_PORT + job id mod 10,000, below Linux's ephemeral range
+# (32,768-60,999 by default), from which the system hands out the ports of outgoing connections: a port there may be
+# taken by any connection on the node (before: 29,500 + job mod 10,000, 69% of it inside that range)
+RENDEZVOUS_PORT = 20_000
+
+
+def rendezvous_port(job: str) -> int:
+    return RENDEZVOUS_PORT + int(job) % 10_000
+
+
 def nodes() -> tuple[int, int, str, str]:
     """(nodes, this node's index, rendezvous endpoint, run id) of the job: SLURM's job of several nodes (one task
     per node: submitit's default), the first node hosting the rendezvous on a port derived from the job id (every
-    node computes the same one); else this machine alone."""
+    node computes the same one: `rendezvous_port`); else this machine alone."""
     import uuid
 
     count = node_count()
@@ -41,7 +51,7 @@ def nodes() -> tuple[int, int, str, str]:
 
         head = subprocess.run(["scontrol", "show", "hostnames", listed], capture_output=True, text=True,
                               check=True).stdout.split()[0]
-    return count, int(os.environ["SLURM_NODEID"]), f"{head}:{29500 + int(job) % 10000}", f"ablate-{job}"
+    return count, int(os.environ["SLURM_NODEID"]), f"{head}:{rendezvous_port(job)}", f"ablate-{job}"
 
 
 def engine_gpus(local: int, tp_rank: int, tp: int, visible: str | None) -> str:
