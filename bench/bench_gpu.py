@@ -103,18 +103,20 @@ def learner(args, device: torch.device, peak: float) -> None:
     print(f"\nlearner: {args.rows} rows x ({args.prompt} prompt + <= {args.completion} completion) tokens, "
           f"AdamW at lr 5e-7, peak {peak:.3g} TFLOP/s")
     print(f"{'micro-batches':<34} {'s/step':>7} {'MFU':>6} {'peak GB':>8} {'model GB':>9} {'weights changed':>16}")
-    forms = [("8 rows", ["train.micro_batch_size=8"]),
-             (f"{args.token_budget} tokens", [f"train.micro_batch_tokens={args.token_budget}",
-                                              "train.micro_batch_size=1024"]),
-             (f"{args.token_budget} tokens + act. checkpointing",
-              [f"train.micro_batch_tokens={args.token_budget}", "train.micro_batch_size=1024",
-               "train.activation_checkpointing=true"])]
-    for name, overrides in forms[:args.forms]:
+    budget = [f"train.micro_batch_tokens={args.token_budget}", "train.micro_batch_size=1024"]
+    # (name, overrides, rows, completion); the long rows: where attention's T^2 terms show, which 1k-token rows hide
+    forms = [("8 rows", ["train.micro_batch_size=8"], args.rows, args.completion),
+             (f"{args.token_budget} tokens", budget, args.rows, args.completion),
+             (f"{args.token_budget} tokens, rows <= {args.long_completion}", budget, max(args.rows // 8, 2),
+              args.long_completion),
+             (f"{args.token_budget} tokens + act. checkpointing", [*budget, "train.activation_checkpointing=true"],
+              args.rows, args.completion)]
+    for name, overrides, rows, completion in forms[:args.forms]:
         cfg = _config(args, *overrides)
         model = Learner(cfg)
         params = list(model.policy.parameters())
         n_params = sum(p.numel() for p in params)
-        ro = _rollouts(args.rows, args.prompt, args.completion, model.policy.config.vocab_size)
+        ro = _rollouts(rows, args.prompt, completion, model.policy.config.vocab_size)
         tokens = float(ro.prompt_mask.sum() + ro.lengths.sum())
         keep = torch.ones(ro.n, dtype=torch.bool)
         times, changed = [], []
@@ -245,13 +247,15 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="a 4-layer model and small shapes (a CPU)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="", help="the compute dtype (default: the preset's; bfloat16 on GPUs)")
-    parser.add_argument("--forms", type=int, default=3, help="how many of the learner's micro-batch forms to run")
+    parser.add_argument("--forms", type=int, default=4, help="how many of the learner's micro-batch forms to run")
     parser.add_argument("--parts", default="learner,generators,run")
     parser.add_argument("--peak-tflops", type=float, default=0.0)
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--completion", type=int, default=1024)
     parser.add_argument("--token-budget", type=int, default=16384, help="tokens per micro-batch, padded")
+    parser.add_argument("--long-completion", type=int, default=8192,
+                        help="the long-row form's completions (at most; a quarter to all of it)")
     parser.add_argument("--learner-steps", type=int, default=3)
     parser.add_argument("--gen-rows", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=512)
@@ -266,6 +270,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.small:
         for name, value in (("rows", 32), ("prompt", 16), ("completion", 64), ("token_budget", 1024),
+                            ("long_completion", 256),
                             ("gen_rows", 16), ("new_tokens", 32), ("run_prompts", 2), ("run_tokens", 32),
                             ("learner_steps", 2), ("run_steps", 4)):
             if getattr(args, name) == parser.get_default(name):

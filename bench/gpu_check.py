@@ -30,6 +30,7 @@ class Step:
     command: tuple[str, ...]
     needs: str = ""  # a module it cannot run without: skipped where it is missing
     threads: int = 0  # torch's CPU threads a process (OMP_NUM_THREADS), where several share the machine's cores
+    env: tuple[tuple[str, str], ...] = ()  # more environment for its process
 
 
 PYTEST = (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=")
@@ -44,12 +45,14 @@ STEPS = (
          PYTEST + ("-v", "-rfE", "-n", "8", "--timeout", "200", "-m", "not slow and not vllm and not slurm",
                    "tests/test_device.py", "tests/test_mixed_precision.py", "tests/test_precision.py",
                    "tests/test_trainer.py", "tests/test_engine.py"), needs="xdist", threads=2),
+    # the tests run eager unless ABLATE_VLLM_GRAPHS=1: here each engine captures its CUDA graphs
     Step("vLLM in-process on CUDA (graphs on), its rules and loads", 1, 180,
          PYTEST + ("-m", "vllm", "tests/test_vllm.py", "-k",
-                   "not processes_of_their_own and not straight and not warned_direct"), needs="vllm"),
+                   "not processes_of_their_own and not straight and not warned_direct"), needs="vllm",
+         env=(("ABLATE_VLLM_GRAPHS", "1"),)),
     Step("learner MFU, peak memory vs the memory model; hf vs vLLM tokens/s; weight sync", 1, 150,
          (sys.executable, "bench/bench_gpu.py", "--parts", "learner,generators", "--learner-steps", "2",
-          "--forms", "2")),
+          "--forms", "3")),  # 8 rows, a token budget, and rows of up to 8k tokens (the memory model's T^2 terms)
     Step("whole run (paper_8b, 1B): s/step, idle and wait; bf16 log-prob gap", 1, 240,
          (sys.executable, "bench/bench_gpu.py", "--parts", "run", "--run-steps", "3", "--every-row")),
     Step("vLLM tokens/s with CUDA graphs off", 1, 60,
@@ -89,7 +92,7 @@ def run(steps: list[Step], budget_s: float, logs: Path | None = None) -> list[tu
             continue
         began = time.monotonic()
         try:
-            env = {**os.environ, "OMP_NUM_THREADS": str(step.threads)} if step.threads else None
+            env = {**os.environ, **dict(step.env), **({"OMP_NUM_THREADS": str(step.threads)} if step.threads else {})}
             out = subprocess.run(step.command, cwd=ROOT, capture_output=True, text=True, env=env,
                                  timeout=min(step.budget_s, left))
             result, said, text = ("passed" if out.returncode == 0 else f"failed ({out.returncode})"), \

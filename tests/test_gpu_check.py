@@ -60,3 +60,19 @@ def test_a_step_whose_module_is_missing_is_skipped_not_failed():
     missing = check.Step("needs nothing real", 1, 60, (sys.executable, "-c", "raise SystemExit(5)"),
                          needs="no_such_module_anywhere")
     assert check.run([missing], budget_s=60) == [(missing, "skipped: no no_such_module_anywhere", 0.0, "")]
+
+
+def test_the_graph_step_runs_vllm_with_cuda_graphs_and_passes_its_environment(tmp_path):
+    """Before, the "graphs on" step ran tests that all set enforce_eager=True: no graph was captured. tests/test_vllm.py
+    now takes every engine's enforce_eager from ABLATE_VLLM_GRAPHS, which that step alone sets; a step's env and
+    threads reach its process."""
+    check = _module()
+    (graphs,) = [step for step in check.STEPS if "graphs on" in step.name]
+    assert dict(graphs.env) == {"ABLATE_VLLM_GRAPHS": "1"}
+    source = (ROOT / "tests" / "test_vllm.py").read_text()
+    assert "enforce_eager=true" not in source and '"enforce_eager": True' not in source
+    assert 'os.environ.get("ABLATE_VLLM_GRAPHS") != "1"' in source
+    says = check.Step("says", 1, 60, (sys.executable, "-c", "import os; print(os.environ['ABLATE_VLLM_GRAPHS'], "
+                                                            "os.environ['OMP_NUM_THREADS'])"),
+                      threads=2, env=(("ABLATE_VLLM_GRAPHS", "1"),))
+    assert check.run([says], budget_s=60)[0][3] == "1 2"

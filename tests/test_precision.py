@@ -104,8 +104,8 @@ def test_the_bf16_head_casts_the_head_once_not_once_per_chunk():
 def test_the_fp32_head_takes_the_generators_bf16_operands_and_fp32_exact_does_not():
     """vLLM's fp32 head (and our engine's, on its bf16 copy) multiplies bf16 hidden states and weights into fp32
     logits. fp32_head with operands=bf16 is that head: equal to it, not to fp64; fp32_exact (fp32 operands) is
-    fp64's to fp32's rounding and differs from the generator's by the operands' rounding (bench/bench_head.py: ~5e-3 a token
-    at H 4096)."""
+    fp64's to fp32's rounding and differs from the generator's by the operands' rounding (bench/bench_head.py:
+    ~5e-3 a token at H 4096)."""
     hidden, weight, _, targets = _case(3, M=64, H=256, V=300)
     hidden, weight = hidden.detach() * 3, weight.detach() * 0.5
     exact = torch.log_softmax(hidden.double() @ weight.double().T, -1).gather(-1, targets[:, None])[:, 0]

