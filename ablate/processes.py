@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 from datetime import timedelta
 
@@ -153,9 +154,9 @@ def rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
                 # the run is over: a warning now changes nothing, and would end this process once Python, exiting,
                 # resets its handlers to the default (which for USR2 is to die: a finished job reported failed)
                 signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-                Leader(groups, rank).stop(clean)  # failing, rank 0 meets nobody: the others must not wait for it
-                remote.release(groups)  # engine processes the trainer never reached (it ended before building them)
-                groups.shutdown()
+                _wind_up(Leader(groups, rank).stop, clean,  # failing, rank 0 meets nobody: the others must not wait
+                         lambda: remote.release(groups),  # engine processes the trainer never reached
+                         groups.shutdown)
         # no rank tears the groups down while another may still be in them (a failed rank's launcher stops the others
         # instead); on the control plane: rank 0 may first be closing engine processes
         if clean:
@@ -163,6 +164,23 @@ def rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
         return result
     finally:
         dist.destroy_process_group()
+
+
+def _wind_up(stop, clean: bool, *steps) -> None:
+    """Rank 0's last calls (tell the others to stop, release the engines, close the groups), each made whatever the
+    one before did. Where rank 0 is failing already, a call that fails too is only logged: the error reported
+    (`launch`'s one line) stays the run's own, not what the wind-up tripped over after it."""
+    failing = sys.exc_info()[1] is not None
+    first = None
+    for step in (lambda: stop(clean), *steps):
+        try:
+            step()
+        except Exception as why:  # noqa: BLE001 - every step is tried; the first error is raised or logged
+            if failing:
+                logging.getLogger(__name__).warning("rank 0, failing, could not wind up: %r", why)
+            first = first or why
+    if first is not None and not failing:
+        raise first
 
 
 def engine_main(cfg: dict, rank: int, local: int, trainers: int, engines: int) -> None:
@@ -191,10 +209,12 @@ def engine_main(cfg: dict, rank: int, local: int, trainers: int, engines: int) -
         os.environ.pop(name, None)
     os.environ.update(RANK=str(tp_rank), LOCAL_RANK=str(tp_rank), WORLD_SIZE=str(tp), LOCAL_WORLD_SIZE=str(tp))
     backend = "nccl" if on_gpu else "gloo"
-    if tp > 1:
-        dist.init_process_group(backend, store=dist.PrefixStore(f"ablate-tp/{engine}", store), rank=tp_rank,
-                                world_size=tp)
     control_timeout, data_timeout = _timeouts(cfg)
+    if tp > 1:  # the data plane of vLLM's tensor parallelism: its collectives run only inside a request (a decode
+        # step, a load), each rank of the engine having had the request over its own control group with rank 0
+        # (gloo, control_timeout); between requests no rank waits here, so the data plane's timeout holds
+        dist.init_process_group(backend, store=dist.PrefixStore(f"ablate-tp/{engine}", store), rank=tp_rank,
+                                world_size=tp, timeout=data_timeout)
     groups = process_groups.connect(store, rank, trainers, engines, backend, control_timeout=control_timeout,
                                     data_timeout=data_timeout)
     try:

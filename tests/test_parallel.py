@@ -637,6 +637,22 @@ def test_a_rank_that_exits_with_a_code_is_named_with_it():
         processes.launch(cfg, _exits_with_code_3)
 
 
+def _fails_and_so_does_the_release(groups) -> None:
+    from ablate.generators import remote
+
+    def broken(groups):
+        raise RuntimeError("the engines' release failed too")
+    remote.release = broken  # in this rank's process: what rank 0 calls after the run, failing or not
+    raise ValueError("the run's own error")
+
+
+def test_a_wind_up_that_fails_after_rank_0_failed_does_not_replace_its_error():
+    """Before, remote.release raising in rank 0's `finally` replaced rank 0's error in the one line reported."""
+    cfg = OmegaConf.create(_config("run=fsdp"))
+    with pytest.raises(RuntimeError, match=r"^trainer rank 0 failed: ValueError: the run's own error"):
+        processes.launch(cfg, _fails_and_so_does_the_release)
+
+
 def test_gpu_ranks_beyond_the_machines_cuda_devices_are_one_clear_error(monkeypatch):
     """run=fsdp on GPUs takes one CUDA device per process on each node (two NCCL ranks on one GPU crash): too few is
     an error that names both numbers, raised before any rank starts."""
