@@ -2,9 +2,13 @@
 engine processes: the generator=hf pipeline alone (no learner), deterministic, the same prompts and weights, a new
 version published after every batch. Each process runs torch on one thread. `--reach 1` looks after every decode
 step, as the engine processes were driven before they ran free between looks (ablate/generators/pipeline.py).
+`--concurrent` runs the generator's own thread (generator=vllm's default), whose looks are capped in seconds too:
+`--decode-ms` slows each decode step and `--exchange-ms` each message between rank 0 and an engine process, as a
+large model and a network would.
 
     python bench/bench_engines.py                   # model=small, 10 batches of 8 x 4 rows
     python bench/bench_engines.py --model tiny --reach 1
+    python bench/bench_engines.py --model tiny --concurrent --decode-ms 30 --exchange-ms 20
 """
 
 from __future__ import annotations
@@ -20,7 +24,20 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def _run(rank: int, engines: int, store: str, overrides: list[str], reach: int, batches: int, out: str) -> None:
+def _slowed(decode_s: float, exchange_s: float) -> None:
+    """This process's decode steps and control messages made slower by these seconds each (a large model, a network)."""
+    from ablate.generators import engine, remote
+
+    if decode_s:
+        step = engine.Engine.step
+        engine.Engine.step = lambda self: (time.sleep(decode_s), step(self))[1]
+    if exchange_s:
+        exchange = remote._exchange
+        remote._exchange = lambda *args: (time.sleep(exchange_s), exchange(*args))[1]
+
+
+def _run(rank: int, engines: int, store: str, overrides: list[str], reach: int, batches: int, out: str,
+         decode_s: float = 0.0, exchange_s: float = 0.0) -> None:
     import torch.distributed as dist
 
     from ablate.config import compose
@@ -32,6 +49,7 @@ def _run(rank: int, engines: int, store: str, overrides: list[str], reach: int, 
     from ablate.trainer import PromptSampler
 
     torch.set_num_threads(1)
+    _slowed(decode_s, exchange_s if rank == 0 else 0.0)  # an exchange is slowed once, on rank 0's side
     groups = connect(dist.FileStore(store, 1 + engines), rank, trainers=1, engines=engines, backend="gloo") \
         if engines else Groups()
     if rank > 0:
@@ -64,11 +82,13 @@ def _run(rank: int, engines: int, store: str, overrides: list[str], reach: int, 
     torch.save({"seconds": seconds, "cpu": cpu, "tokens": tokens, "looks": looks}, out)
 
 
-def measure(engines: int, overrides: list[str], reach: int, batches: int) -> dict:
+def measure(engines: int, overrides: list[str], reach: int, batches: int, decode_s: float = 0.0,
+            exchange_s: float = 0.0) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         out = str(Path(folder) / "out")
         torch.multiprocessing.start_processes(_run, args=(engines, str(Path(folder) / "store"), overrides, reach,
-                                                          batches, out), nprocs=1 + engines, start_method="spawn")
+                                                          batches, out, decode_s, exchange_s),
+                                              nprocs=1 + engines, start_method="spawn")
         r = torch.load(out)
     skip = 2  # the first two batches start the waves: the others are the steady state
     tokens = sum(r["tokens"][skip:])
@@ -83,21 +103,26 @@ def main() -> None:
     p.add_argument("--reach", type=int, default=None, help="decode steps between looks at most (default: the "
                    "pipeline's RUN_AHEAD_STEPS; 1: look after every step, the lockstep of before)")
     p.add_argument("--repeats", type=int, default=2, help="runs of each layout, interleaved (the best is kept)")
+    p.add_argument("--concurrent", action="store_true", help="the generator's own thread (generator.concurrent)")
+    p.add_argument("--decode-ms", type=float, default=0.0, help="added to each decode step")
+    p.add_argument("--exchange-ms", type=float, default=0.0, help="added to each message to an engine process")
     a = p.parse_args()
     from ablate.generators.pipeline import RUN_AHEAD_STEPS
 
     reach = a.reach or RUN_AHEAD_STEPS
     overrides = [f"model={a.model}", "model.device=cpu", "batch.prompts_per_step=8", "batch.samples_per_prompt=4",
                  "generation.max_think_tokens=48", "generation.max_answer_tokens=16", "length_control=truncation",
-                 "generator.max_waves=2"]
+                 "generator.max_waves=2", f"generator.concurrent={str(a.concurrent).lower()}"]
     best: dict[int, dict] = {}
     for _ in range(a.repeats):  # interleaved: a noisy machine slows every layout alike
         for engines in (0, 1, 2):
-            r = measure(engines, overrides, reach, a.batches)
+            r = measure(engines, overrides, reach, a.batches, a.decode_ms / 1e3, a.exchange_ms / 1e3)
             if engines not in best or r["us_per_token"] < best[engines]["us_per_token"]:
                 best[engines] = r
     print(f"model={a.model}, {a.batches - 2} batches of 8 x 4 rows after the first two, decode steps between looks at "
-          f"most {reach}; one torch thread a process ({torch.get_num_threads()} cores here)")
+          f"most {reach}; one torch thread a process ({torch.get_num_threads()} cores here); "
+          f"{'concurrent' if a.concurrent else 'deterministic'}, decode steps +{a.decode_ms:g} ms, exchanges "
+          f"+{a.exchange_ms:g} ms")
     print(f"{'engine processes':>16} {'us/token':>9} {'rank 0 CPU us/token':>20} {'steps/look':>11} "
           f"{'vs in-process':>14}")
     base = best[0]["us_per_token"]

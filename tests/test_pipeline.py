@@ -196,3 +196,22 @@ def test_paused_holds_the_generator_thread_between_two_looks_and_lets_it_go_on()
         time.sleep(0.01)
     assert engine.decode_steps > held
     generator.close()
+
+
+def test_engine_processes_in_the_concurrent_mode_run_many_decode_steps_a_look(monkeypatch):
+    """bench/bench_engines.py's pipeline in the concurrent mode on 2 engine processes whose decode steps take 10 ms
+    more and whose every exchange with rank 0 30 ms more: each look still lets an engine run until a wave ends.
+    Before, rank 0 paced the seconds between looks by its whole round trip (every exchange, each engine in turn,
+    ~130 ms here) over the steps, and at over RUN_AHEAD_S (50 ms) an engine took one decode step a look for good."""
+    from conftest import ROOT
+
+    from ablate.generators.pipeline import RUN_AHEAD_STEPS
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # the spawned processes import the bench by name
+    import bench_engines
+
+    overrides = ["model=tiny", "model.device=cpu", "batch.prompts_per_step=4", "batch.samples_per_prompt=4",
+                 "generation.max_think_tokens=24", "generation.max_answer_tokens=8", "length_control=truncation",
+                 "generator.max_waves=2", "generator.concurrent=true"]
+    r = bench_engines.measure(2, overrides, RUN_AHEAD_STEPS, batches=4, decode_s=0.01, exchange_s=0.03)
+    assert r["steps_per_look"] >= 4, r

@@ -35,7 +35,8 @@ from ablate.rollouts import Rollouts
 from ablate.tasks.base import PromptsExhausted
 
 RUN_AHEAD_STEPS = 256  # decode steps an engine takes between two looks of the pipeline, at most
-RUN_AHEAD_S = 0.05  # concurrent mode: and seconds (a decode step of an 8B model on a GPU: ~20-50 ms)
+RUN_AHEAD_S = 0.05  # concurrent mode: and seconds (a decode step of an 8B model on a GPU: ~20-50 ms); an engine
+# may ask for more (RemoteEngine.run_ahead_s: a look at engine processes is a round trip to each)
 
 
 class Pipeline:
@@ -209,7 +210,7 @@ class Pipeline:
         """How far the engine may decode before the next look: (steps, seconds; 0: no time limit)."""
         if self._may_start():  # another wave starts after the next step: waves stay one step apart at least
             return 1, 0.0
-        return RUN_AHEAD_STEPS, RUN_AHEAD_S if self.thread is not None else 0.0
+        return RUN_AHEAD_STEPS, getattr(self.engine, "run_ahead_s", RUN_AHEAD_S) if self.thread is not None else 0.0
 
     def _may_start(self) -> bool:
         return len(self.engine.waves) < self.max_waves and self.exhausted is None and \

@@ -71,6 +71,10 @@ class RemoteEngine:
     pipeline's thread steps it while the trainer publishes and checkpoints)."""
 
     stages = True  # new weights go to the engines' staging copies first (`stage`), then `load(None, ...)` takes them
+    # the concurrent mode's seconds between two looks (pipeline.RUN_AHEAD_S in one process): a look is a round trip
+    # to every engine, so a run of steps a look, not one (an 8B decode step: 20-50 ms); weights published meanwhile
+    # wait that long at most, against a trainer step of minutes at that size
+    run_ahead_s = 1.0
 
     def __init__(self, model: Mapping, limits: Limits, weights: Mapping[str, torch.Tensor] | Weights, *,
                  groups: Groups, seed: int, build: Callable | None = None, tensor_parallel: int = 1, **engine_args):
@@ -97,7 +101,7 @@ class RemoteEngine:
         self._next_key = 0
         self.waves: list[int] = []  # rows per wave in flight on the busiest engine (the pipeline counts them)
         self.decode_steps = 0  # of the engine that took the most in each request
-        self._step_s = 0.0  # seconds a decode step took in the last request (0: none yet)
+        self._step_s = 0.0  # seconds a decode step took the slowest engine in the last request (0: none yet)
         replies = self._all("init", dict(model), limits, engine_args, build,
                             per_engine=[(engine_seed(seed, k),) for k, members in enumerate(self.members)
                                         for _ in members])
@@ -141,15 +145,20 @@ class RemoteEngine:
     def advance(self, steps: int, seconds: float = 0.0) -> list[Sequence]:
         """Every busy engine decodes until a wave of its own ends, `steps` steps, or `seconds` (ablate.generators.
         engine.advance), all at once; one request and one answer each, however many steps they took. The seconds
-        become a count of steps here, at the pace of the last request: an engine's tensor-parallel processes must
-        stop after the same step (each step is a collective among them), which their own clocks would not agree on."""
+        become a count of steps here, at the pace the slowest engine measured itself decoding in the last request:
+        an engine's tensor-parallel processes must stop after the same step (each step is a collective among them),
+        which their own clocks would not agree on. Before, the pace was rank 0's round trip over the steps, which
+        holds every exchange and every engine in turn: once that passed `seconds`, an engine took one step a request
+        for good."""
         if seconds > 0:
             steps = min(steps, max(1, int(seconds / self._step_s))) if self._step_s else 1
         busy = [k for k, count in enumerate(self._running) if count]
-        mine, waves, took = [], [], 0
-        began = time.perf_counter()
-        for k, (ended, engine_waves, taken) in zip(busy, self._each_engine("advance", busy, [(steps,)] * len(busy))):
+        mine, waves, took, pace = [], [], 0, 0.0
+        for k, (ended, engine_waves, taken, spent) in zip(busy, self._each_engine("advance", busy,
+                                                                                 [(steps,)] * len(busy))):
             took = max(took, taken)
+            if taken:
+                pace = max(pace, spent / taken)
             self._running[k] -= len(ended)
             waves.append(engine_waves)
             for key, row in ended:
@@ -159,7 +168,7 @@ class RemoteEngine:
         self.waves = max(waves, key=len, default=[])
         self.decode_steps += took
         if took:
-            self._step_s = (time.perf_counter() - began) / took
+            self._step_s = pace
         return mine
 
     def _each_engine(self, name: str, engines: list[int], args: list[tuple] | None = None) -> list:
@@ -336,10 +345,13 @@ class _Served:
         self.engine.start([row for _, row in keyed])
         return [len(w) for w in self.engine.waves]
 
-    def advance(self, steps: int) -> tuple[list, list[int], int]:
-        before = self.engine.decode_steps
+    def advance(self, steps: int) -> tuple[list, list[int], int, float]:
+        """The rows that ended, the waves left, the decode steps taken and the seconds they took here (not rank 0's
+        round trip, which also holds the exchanges and the other engines)."""
+        before, began = self.engine.decode_steps, time.perf_counter()
         done = [(self.keys.pop(id(row)), row) for row in self.engine.advance(steps)]
-        return done, [len(w) for w in self.engine.waves], self.engine.decode_steps - before
+        return done, [len(w) for w in self.engine.waves], self.engine.decode_steps - before, \
+            time.perf_counter() - began
 
     def rng_get(self):
         return self.engine.rng.get_state()
