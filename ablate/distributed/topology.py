@@ -27,7 +27,7 @@ def devices_held(device: torch.device) -> int:
 
 # the rendezvous port of a job of several nodes: RENDEZVOUS_PORT + job id mod 10,000, below Linux's ephemeral range
 # (32,768-60,999 by default), from which the system hands out the ports of outgoing connections: a port there may be
-# taken by any connection on the node (before: 29,500 + job mod 10,000, 69% of it inside that range)
+# taken by any connection on the node (before: 29,500 + job mod 10,000, 67% of it inside that range)
 RENDEZVOUS_PORT = 20_000
 
 
