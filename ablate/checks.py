@@ -95,7 +95,7 @@ def check_lengths(cfg: DictConfig, tokenizer=None) -> str | None:
     longest = longest_row(gen) + injected
     if positions is not None and longest > positions:
         parts = f"{gen.max_prompt_tokens} + {gen.max_think_tokens} + " + (f"{injected} + " if injected else "")
-        raise ValueError(f"generation.max_prompt_tokens + max_think_tokens + "
+        raise ValueError("generation.max_prompt_tokens + max_think_tokens + "
                          + ("the interruption's phrase + " if injected else "")
                          + f"max_answer_tokens = {parts}{gen.max_answer_tokens} = {longest} tokens, more than "
                          f"model.path={cfg.model.path} has positions for (max_position_embeddings {positions}): "
