@@ -75,3 +75,17 @@ def test_the_run_clock_is_the_generators_and_the_config_picks_it():
     assert isinstance(reference.clock, ReferenceClock)
     reference.close()
     assert isinstance(_built("generator=mock").clock, SimulatedClock)
+
+
+def test_tensor_parallel_replies_are_compared_on_what_they_decided_not_on_their_clocks():
+    """An engine's tensor-parallel processes must decide the same (tokens, waves, steps); each times its own advance
+    (the pace rank 0 sets the concurrent mode's looks by), and those seconds differ from process to process: the
+    vLLM lane's tensor-parallel runs failed "answered advance differently" on them until they were left out."""
+    from ablate.generators.engine import Sequence
+    from ablate.generators.remote import _outcome
+
+    row = Sequence(0, 1, [5, 6])
+    row.tokens = [7, 8, 9]
+    one, other = ([(3, row)], [4, 2], 17, 0.010), ([(3, row)], [4, 2], 17, 0.013)
+    assert _outcome(one) == _outcome(other) == [(3, [7, 8, 9]), [4, 2], 17]
+    assert _outcome(one) != _outcome(([(3, row)], [4, 2], 16, 0.010))  # another step count is another decision

@@ -272,10 +272,11 @@ class RemoteEngine:
 
 
 def _outcome(reply) -> list:
-    """What a start or advance reply decided: the rows' tokens, the waves' sizes, the decode steps taken."""
+    """What a start or advance reply decided: the rows' tokens, the waves' sizes, the decode steps taken (not the
+    seconds an advance took, which each tensor-parallel process measures on its own clock)."""
     if isinstance(reply, tuple):
-        ended, *rest = reply
-        return [(key, row.tokens) for key, row in ended] + rest
+        ended, waves, steps = reply[:3]
+        return [(key, row.tokens) for key, row in ended] + [waves, steps]
     return reply
 
 
