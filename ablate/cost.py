@@ -84,14 +84,20 @@ def colocated(steps: int, generate_s: float, train_s: float, trainer_gpus: int) 
                     steps=steps, gpus=trainer_gpus)
 
 
+def throughput(cfg, params: float) -> Throughput:
+    """The GPUs' speed for the run `cfg` of a `params`-parameter model: launcher.train_mfu of run.peak_tflops (an
+    H100's when 0), launcher.gen_tokens_per_s (unset: the anchor)."""
+    return Throughput.of(params, float(cfg.run.get("peak_tflops") or H100_PEAK_TFLOPS), float(cfg.launcher.train_mfu),
+                         cfg.launcher.get("gen_tokens_per_s"))
+
+
 def estimate(cfg, params: float, completion: float, kept: float = 1.0) -> Estimate:
     """The run `cfg` (a composed config) of a `params`-parameter model, its completions `completion` tokens long on
     average and its prompts at their budget (generation.max_prompt_tokens), `kept` of its rows trained; its GPUs'
     speed from launcher.train_mfu, launcher.gen_tokens_per_s and run.peak_tflops (an H100's when 0)."""
     from ablate.registry import build
 
-    speed = Throughput.of(params, float(cfg.run.get("peak_tflops") or H100_PEAK_TFLOPS), float(cfg.launcher.train_mfu),
-                          cfg.launcher.get("gen_tokens_per_s"))
+    speed = throughput(cfg, params)
     rows = int(cfg.batch.prompts_per_step) * int(cfg.batch.samples_per_prompt)
     generate_s, train_s = Work(rows, float(cfg.generation.max_prompt_tokens), completion, kept).seconds(speed)
     steps, n, g = int(cfg.train.steps), int(cfg.run.trainer_gpus), int(cfg.run.get("generator_gpus", 0))

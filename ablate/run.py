@@ -274,8 +274,7 @@ def print_cost(planned: Sequence[Planned]) -> None:
     first = planned[0].cfg
     params = model_shape(first.model).params
     budget = int(first.generation.max_think_tokens) + int(first.generation.max_answer_tokens)
-    speed = cost.Throughput.of(params, float(first.run.get("peak_tflops") or cost.H100_PEAK_TFLOPS),
-                               float(first.launcher.train_mfu), first.launcher.get("gen_tokens_per_s"))
+    speed = cost.throughput(first, params)
     print(f"GPU-hours (ablate/cost.py's estimate, every row trained: {speed.generate:,.0f} tokens/s a generator GPU"
           f"{'' if first.launcher.get('gen_tokens_per_s') else ' (an upper bound: launcher.gen_tokens_per_s)'}, "
           f"{float(first.launcher.train_mfu):.0%} MFU a trainer GPU (launcher.train_mfu); prompts at their budget, "
