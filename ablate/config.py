@@ -104,7 +104,12 @@ def _has(cfg: DictConfig, path: str) -> bool:
 def semantic(cfg: DictConfig) -> dict:
     """The part of a resolved config that decides what a run computes (not how or where it runs)."""
     container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    return {k: v for k, v in container.items() if k not in schema.NON_SEMANTIC_KEYS and k != "hydra"}
+    config = {k: v for k, v in container.items() if k not in schema.NON_SEMANTIC_KEYS and k != "hydra"}
+    for path in schema.NON_SEMANTIC_LEAVES:
+        group, _, leaf = path.partition(".")
+        if isinstance(config.get(group), dict) and leaf in config[group]:
+            config[group] = {k: v for k, v in config[group].items() if k != leaf}
+    return config
 
 
 def signature(cfg: DictConfig) -> str:

@@ -243,6 +243,9 @@ class MockGenerator(Generator):
     # empty: every run) raise at step `crash_at_step` (0: never).
     crash_at_step: int = 0
     crash_when: str = ""
+    # wall-clock seconds each batch() waits, as a real generator's decoding does (the trainer can be warned
+    # meanwhile: the time-limit tests); how long a run takes, not what it computes: not in its signature
+    step_seconds: float = 0.0
 
 
 @dataclass
@@ -448,6 +451,7 @@ class AblateConfig:
 
 # Keys that describe how and where a run happens, not what it computes: left out of the signature.
 NON_SEMANTIC_KEYS = ("name", "paths", "run", "launcher", "tracking", "sweep", "axes", "untestable")
+NON_SEMANTIC_LEAVES = ("generator.step_seconds",)  # keys inside semantic groups that only pace a run
 
 SCHEMAS = {
     "loss": {"cispo": Cispo, "dapo": Dapo, "gspo": Gspo, "grpo": Grpo},

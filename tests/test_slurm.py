@@ -478,6 +478,27 @@ def test_a_job_at_its_time_limit_checkpoints_requeues_and_finishes(slurm, tmp_pa
     assert int(tags["ablate.resumed_from"]) == int(tags["ablate.requeued_at"]) > 0  # saved at the signal
 
 
+@pytest.mark.slow
+def test_a_job_warned_in_a_step_longer_than_the_warning_requeues_from_the_step_before(slurm, tmp_path):
+    # A paper-scale step is minutes, longer than SLURM's warning: a job that finished the step in flight before
+    # checkpointing ran past its time limit and ended TIMEOUT, never requeued. Here 100-s steps (the mock's
+    # batch waits them, as decoding would), a 3-minute limit and the warning 40 s before it: it comes 140-170 s
+    # into the job (slurmctld's 30-s timer), in the job's second step, which would end at ~210 s, past the kill at
+    # 185 s (KillWait=5). Rank 0 drops the step it waits on, checkpoints the step before and requeues; the next
+    # job does the last step and finishes. 2 jobs, ~5 minutes
+    out = _ablate(tmp_path, "sweep=none", "train.steps=2", "train.val_every=1", "train.checkpoint_every=100000",
+                  "generator.step_seconds=100", "launcher.timeout_min=3", "launcher.signal_delay_s=40",
+                  env=slurm.env)
+    assert out.returncode == 0, out.stderr
+    status = _wait_until_done(tmp_path, timeout=600)
+    assert status.returncode == 0, status.stdout
+    client, exp = _client(tmp_path)
+    (run,) = [r for r in client.search_runs([exp]) if r.data.tags["ablate.role"] == "variant"]
+    _assert_complete(client, run.info.run_id, 2)
+    tags = run.data.tags
+    assert tags["ablate.requeued_at"] == tags["ablate.resumed_from"] == "1"  # the step before the one dropped
+
+
 def test_one_run_is_one_job_and_the_command_returns_at_once(slurm, tmp_path):
     """sweep=none with launcher=slurm: before, the run trained in the foreground, on the login node."""
     out = _ablate(tmp_path, "sweep=none", "train.steps=10", "train.val_every=5", env=slurm.env)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import time
 
 import numpy as np
 import torch
@@ -71,7 +72,7 @@ class MockGenerator(Generator):
 
     def __init__(self, truth: dict, effects: dict, gpu_hours: float, reference_length_frac: float, val_prompts: int,
                  val_samples: int, run_sd_A: float, wobble_sd: float, wobble_gpu_hours: float, prompt_spread: float,
-                 *, cfg: DictConfig, sampler=None, **_: object):
+                 step_seconds: float = 0.0, *, cfg: DictConfig, sampler=None, **_: object):
         self.sampler = sampler  # the trainer's prompt sampler: batch() draws from it
         self.truth = variant_truth(cfg)
         path, _, choice = str(cfg.generator.crash_when).partition("=")
@@ -93,6 +94,7 @@ class MockGenerator(Generator):
         self.vocab = int(cfg.model.vocab_size) or len(build_tokenizer(cfg.model))
         self.phrase_tokens = len(self.length_control.phrase.split()) if self.length_control.phrase else 0
         self._wobble, self._wobble_at = 0.0, 0.0
+        self.step_seconds = float(step_seconds)
 
     def describe(self) -> dict:
         """Params logged with the run: the variant's truth and this run's A, so a report can be checked against them."""
@@ -107,9 +109,11 @@ class MockGenerator(Generator):
 
     # ------------------------------------------------------------------------------- the trainer's generator calls
     def batch(self, step: int, compute: float) -> Rollouts:
-        """Batch `step` (trained by policy version step - 1) of the sampler's next prompts."""
+        """Batch `step` (trained by policy version step - 1) of the sampler's next prompts, after
+        generator.step_seconds of wall-clock time (decoding's, played)."""
         if step == self.crash_at:
             raise RuntimeError(f"the simulated job crashes at step {step} (generator.crash_at_step)")
+        time.sleep(self.step_seconds)
         return self.rollouts(self.sampler.next(self.samples_per_batch), step - 1, compute)
 
     # ------------------------------------------------------------------------------------------------ validation
