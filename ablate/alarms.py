@@ -22,11 +22,12 @@ class Alarms:
         self.said: set[str] = set()
         self.right = 0.0  # the best pass rate seen, training rows or validation
         self.looked = {"step": False, "validation": False}
-        self.slowest = {"step": 0.0, "validation": 0.0, "checkpoint": 0.0}  # seconds, the longest seen
+        self.slowest = {"learner step": 0.0, "validation": 0.0, "checkpoint": 0.0}  # seconds, the longest seen
 
     def step(self, step: int, metrics: dict, seconds: float) -> None:
-        """After an optimizer step: its rows' truncation and pass rate, and its time."""
-        self.slowest["step"] = max(self.slowest["step"], seconds)
+        """After an optimizer step: its rows' truncation and pass rate, and the seconds a warning may have to wait
+        in it (the learner's update and the weights' publishing: a warning in the wait for rollouts drops them)."""
+        self.slowest["learner step"] = max(self.slowest["learner step"], seconds)
         if self.simulated:
             return
         self.right = max(self.right, metrics.get("train/pass_rate", 0.0))
@@ -63,18 +64,18 @@ class Alarms:
                                     "the lengths), or the model is too weak for the data")
 
     def _margin(self) -> None:
-        """SLURM's warning comes launcher.signal_delay_s before the time limit; the job then ends its step (and its
-        validation, when one is due), checkpoints and requeues: all of it must fit."""
-        if "SLURM_JOB_ID" not in os.environ or not self.slowest["step"]:
+        """SLURM's warning comes launcher.signal_delay_s before the time limit; the job then ends the learner's
+        update in flight (and its validation, when one is due), checkpoints and requeues: all of it must fit."""
+        delay = self.cfg.launcher.get("signal_delay_s")  # unset: a run not submitted by `ablate` (sizes it)
+        if "SLURM_JOB_ID" not in os.environ or not self.slowest["learner step"] or delay is None:
             return
-        needed = sum(self.slowest.values())
-        delay = int(self.cfg.launcher.signal_delay_s)
+        needed, delay = sum(self.slowest.values()), int(delay)
         if needed > delay:
             parts = ", ".join(f"{what} {seconds:.0f} s" for what, seconds in self.slowest.items() if seconds)
-            self._once("signal_delay", f"launcher.signal_delay_s={delay} is less than a step, a validation and a "
-                                       f"checkpoint take here ({parts}; {needed:.0f} s): at the time limit SLURM may "
-                                       f"kill the job before its checkpoint is written, losing every step since the "
-                                       f"last. Set launcher.signal_delay_s={int(needed * 1.5) + 1} or more")
+            self._once("signal_delay", f"launcher.signal_delay_s={delay} is less than a learner step, a validation and "
+                                       f"a checkpoint take here ({parts}; {needed:.0f} s): at the time limit SLURM "
+                                       f"may kill the job before its checkpoint is written, losing every step since "
+                                       f"the last. Set launcher.signal_delay_s={int(needed * 1.5) + 1} or more")
 
     def _once(self, name: str, text: str) -> None:
         if name in self.said:

@@ -6,6 +6,7 @@ throughputs, the lengths) are stated beside it. The anchors and what they miss: 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ablate.compute import ReferenceClock, StepFlops
@@ -15,6 +16,8 @@ from ablate.compute import ReferenceClock, StepFlops
 ANCHOR_PARAMS, ANCHOR_GEN_TOKENS_PER_S = 0.89e9, 26_000.0
 H100_PEAK_TFLOPS = 989.0  # dense bf16, the data sheet's (a measured 8192^3 matmul: 798)
 PAPER_GPU_HOURS = 16_000.0  # a LOO run at 8B (docs/design.md#what-the-paper-says)
+MIN_SIGNAL_DELAY_S = 120  # SLURM's warning, at least (submitit's default; the requeue itself takes seconds)
+REQUEUE_S = 30.0  # after the checkpoint: the requeue, the engines closed, the processes gone
 
 
 @dataclass(frozen=True)
@@ -108,3 +111,28 @@ def estimate(cfg, params: float, completion: float, kept: float = 1.0) -> Estima
     val_s = val_rows * completion / speed.generate / max(g, 1)  # on every generator GPU (rank 0's when colocated)
     return Estimate(gpu_hours=run.gpu_hours, step_s=run.step_s, generator_idle=run.generator_idle,
                     val_gpu_hours=looks * val_s * run.gpus / 3600.0, steps=steps, gpus=run.gpus)
+
+
+def warning_margin(cfg, params: float, checkpoint_bytes: float) -> dict[str, float]:
+    """Seconds SLURM's warning must come before the time limit for the run `cfg` to checkpoint and requeue, part by
+    part: the learner's update it may find in flight (rows at the full length budget, on run.trainer_gpus), a
+    validation (completions of half the budget: an average over its rows; not interruptible), writing
+    `checkpoint_bytes` a rank at launcher.checkpoint_gb_per_s, and the requeue. The wait for rollouts is not in it:
+    a warning there drops the step (docs/training.md#time-limits)."""
+    speed = throughput(cfg, params)
+    budget = float(cfg.generation.max_think_tokens) + float(cfg.generation.max_answer_tokens)
+    rows = int(cfg.batch.prompts_per_step) * int(cfg.batch.samples_per_prompt)
+    _, train_s = Work(rows, float(cfg.generation.max_prompt_tokens), budget).seconds(speed)
+    val_rows = int(cfg.task.get("n_val_prompts", 0)) * int(cfg.task.get("val_samples", 0))
+    validates = int(cfg.train.val_every) > 0
+    return {"learner step": train_s / int(cfg.run.trainer_gpus),
+            "validation": val_rows * budget / 2 / speed.generate / max(int(cfg.run.get("generator_gpus", 0)), 1)
+            if validates else 0.0,
+            "checkpoint": checkpoint_bytes / (float(cfg.launcher.checkpoint_gb_per_s) * 1e9),
+            "requeue": REQUEUE_S}
+
+
+def signal_delay(margin: dict[str, float]) -> int:
+    """launcher.signal_delay_s for a run whose warning needs `margin` (warning_margin's): 1.5 times it, whole
+    minutes, MIN_SIGNAL_DELAY_S at least."""
+    return max(MIN_SIGNAL_DELAY_S, 60 * math.ceil(1.5 * sum(margin.values()) / 60))

@@ -102,6 +102,12 @@ def longest_row(generation) -> int:
     return int(generation.max_prompt_tokens) + int(generation.max_think_tokens) + int(generation.max_answer_tokens)
 
 
+def checkpoint_bytes(shape: Shape, *, ranks: int) -> float:
+    """What one trainer rank writes to a checkpoint: its shard of the fp32 weights and of AdamW's two moments (12
+    bytes a parameter; the gradients are not saved)."""
+    return 12 * shape.params / ranks
+
+
 def micro_batch_tokens(rows: int, cap: int, row_tokens: float) -> float:
     """Tokens of the largest micro-batch of rows `row_tokens` long, padded: `rows` of them, fewer under the token cap
     `cap` (0: none; a row longer than the cap goes alone)."""

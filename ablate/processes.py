@@ -18,9 +18,10 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from ablate.distributed import groups as process_groups
 from ablate.distributed.groups import Groups
 from ablate.distributed.leader import Leader, follow
-from ablate.distributed.signals import (ranks_born_with_the_warning_blocked, ranks_started_here, stop_for_requeue,
-                                        take_the_warning)
+from ablate.distributed.signals import (defer_the_warning, ranks_born_with_the_warning_blocked, ranks_started_here,
+                                        stop_for_requeue, take_the_warning)
 from ablate.distributed.topology import engine_gpus, job_store, layout_name, nodes
+from ablate.distributed.watch import ENDED, tell, watching
 
 def launch(cfg, fn, *args, **kwargs):
     """Run `fn(*args, groups=..., **kwargs)` (the trainer) on the layout `cfg.run` names, handing it this process's
@@ -78,6 +79,10 @@ def launch(cfg, fn, *args, **kwargs):
                 os.kill(pid, signal.SIGUSR2)
 
     displaced = signal.signal(signal.SIGUSR2, note_warning)
+    # torch's launcher takes these for good (to stop its ranks, then raise); after it, they go back to their owners:
+    # submitit's bypass of SIGTERM lets this process requeue the job when SLURM signals it (its time limit, the
+    # requeue itself) instead of dying in the handler torch left
+    elastic = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
     cpp_log = os.environ.get("TORCH_CPP_LOG_LEVEL")
     os.environ["TORCH_CPP_LOG_LEVEL"] = cpp_log or "ERROR"  # the ranks: no warnings of collectives a Ctrl-C cut off
     try:
@@ -88,7 +93,10 @@ def launch(cfg, fn, *args, **kwargs):
             raise KeyboardInterrupt from None
         raise
     except ChildFailedError as err:  # one line: which rank, and its error
-        rank, failure = err.get_first_failure()
+        # the first error, less the processes that ended because rank 0 had failed (ablate/distributed/watch.py)
+        failures = {r: f for r, f in err.failures.items() if f.exitcode != ENDED} or err.failures
+        rank = min(failures, key=lambda r: failures[r].timestamp)
+        failure = failures[rank]
         message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
         log = failure.error_file if os.path.isfile(failure.error_file) else "above"
         if failure.exitcode > 0 and log == "above":  # no Python error: torch's message would be a link to its docs
@@ -102,6 +110,9 @@ def launch(cfg, fn, *args, **kwargs):
         if cpp_log is None:
             os.environ.pop("TORCH_CPP_LOG_LEVEL")
         signal.signal(signal.SIGUSR2, displaced)
+        for sig, handler in elastic.items():
+            if handler is not None:  # None: set outside Python, not restorable from here
+                signal.signal(sig, handler)
     if node != 0:  # rank 0 and its result are on node 0 (whose task requeues the job at SLURM's warning)
         return None
     if warned and results[0] is None:  # rank 0 stopped at the warning, its checkpoint written: requeue
@@ -133,18 +144,21 @@ def rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
     dist.init_process_group(backend, world_size=trainers, rank=rank, timeout=data_timeout,
                             device_id=torch.device("cuda", local) if on_gpu else None)
     control = dist.new_group(backend="gloo", timeout=control_timeout)  # rank 0's calls: the control plane
-    groups = process_groups.connect(job_store() if rank == 0 else None, rank, trainers, engines, backend, leading=True,
+    store = job_store()  # rank 0: the engine groups' rendezvous, and where it says it failed; the others watch it
+    groups = process_groups.connect(store if rank == 0 else None, rank, trainers, engines, backend, leading=True,
                                     control=control, control_timeout=control_timeout, data_timeout=data_timeout)
     try:
         result, clean = None, False
         if rank != 0:
             take_the_warning(signal.SIG_IGN)  # the warning is rank 0's (`launch`)
-            clean = _follow(OmegaConf.create(cfg), groups)
+            with watching(store, f"trainer rank {rank}"):  # left before the barrier below: rank 0 may end after it
+                clean = _follow(OmegaConf.create(cfg), groups)
         else:
             try:
                 # what the trainer hands the warning to once it has checkpointed: the end of this rank (the launcher's
                 # process requeues the job); one that came while this rank started ends it here, before `fn`
                 take_the_warning(stop_for_requeue)
+                defer_the_warning()  # from here until the trainer's own handler, one waits (start-up's collectives)
                 result, clean = fn(*args, groups=groups, **kwargs), True
             except SystemExit as stop:  # stopped at SLURM's warning (`stop_for_requeue`): an end like any other
                 if stop.code not in (0, None):
@@ -154,6 +168,8 @@ def rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
                 # the run is over: a warning now changes nothing, and would end this process once Python, exiting,
                 # resets its handlers to the default (which for USR2 is to die: a finished job reported failed)
                 signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+                if sys.exc_info()[1] is not None:  # failing: first tell the processes that may be where they
+                    tell(store, sys.exc_info()[1])  # cannot see it (an NCCL collective this rank left)
                 _wind_up(Leader(groups, rank).stop, clean,  # failing, rank 0 meets nobody: the others must not wait
                          lambda: remote.release(groups),  # engine processes the trainer never reached
                          groups.shutdown)
@@ -204,7 +220,7 @@ def engine_main(cfg: dict, rank: int, local: int, trainers: int, engines: int) -
     on_gpu = device_of(OmegaConf.create(cfg["model"])).type == "cuda"
     if on_gpu:
         torch.cuda.set_device(tp_rank)
-    store = job_store()
+    store, watched = job_store(), job_store()  # the second for the watching thread alone
     for name in ("GROUP_RANK", "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"):
         os.environ.pop(name, None)
     os.environ.update(RANK=str(tp_rank), LOCAL_RANK=str(tp_rank), WORLD_SIZE=str(tp), LOCAL_WORLD_SIZE=str(tp))
@@ -218,7 +234,8 @@ def engine_main(cfg: dict, rank: int, local: int, trainers: int, engines: int) -
     groups = process_groups.connect(store, rank, trainers, engines, backend, control_timeout=control_timeout,
                                     data_timeout=data_timeout)
     try:
-        remote.serve(groups)
+        with watching(watched, f"the generator engine's process (rank {rank})"):  # until rank 0 says close
+            remote.serve(groups)
     finally:
         groups.shutdown()
         if dist.is_initialized():  # the tensor-parallel world (or vLLM's own), before the interpreter's exit

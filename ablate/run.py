@@ -176,6 +176,8 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
                 print(f"  {p.variant.label}: {line}")
     if gpu_gb:  # on GPUs: what the runs would cost there
         print_cost(planned)
+    if requested == "slurm" or cluster == "slurm":
+        launcher["signal_delay_s"] = size_warning(planned, launcher, gpu_gb)
     if cfg.sweep.dry_run:
         if len(planned) > 1:  # the designs compare variants: none for one run
             print_designs(cfg, planned)
@@ -215,6 +217,7 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
         if kind == "alive":
             meta["job_id"] = previous[run_id][0]  # the manifest keeps pointing at the job that runs it
         config = job_config(p.cfg)  # composed without the command line's sweep.* (they are not the variant's)
+        config["launcher"]["signal_delay_s"] = launcher.get("signal_delay_s")  # as sized: the run's alarm reads it
         config["sweep"] = {**sweep_settings, "runs": run_ids}  # so the adaptive sweep's jobs find each other's runs
         args = (config, run_id, uri) if kind in ("new", "resume", "extend") else ()
         specs.append(JobSpec(p.variant.label, p.signature, args, meta))
@@ -263,6 +266,36 @@ def check_spread(sweep: DictConfig) -> None:
     for key in ("run_sd_A", "run_sd_B", "run_sd_dof"):
         if not float(sweep[key]) >= 0:
             raise ValueError(f"sweep.{key}={sweep[key]}: must be 0 or more")
+
+
+def size_warning(planned: Sequence[Planned], launcher: dict, gpu_gb: float | None) -> int:
+    """launcher.signal_delay_s for the sweep's jobs: as set, or unset sized from the cost and memory models (the
+    variant that needs the most; cost.MIN_SIGNAL_DELAY_S where there is no estimate, on CPUs); printed with what it
+    must hold, and a warning when a value set is shorter."""
+    from ablate import cost, memory
+    from ablate.checks import model_shape
+
+    chosen = launcher.get("signal_delay_s")
+    if not gpu_gb:
+        return int(chosen or cost.MIN_SIGNAL_DELAY_S)
+    shape = model_shape(planned[0].cfg.model)
+    margins = [cost.warning_margin(p.cfg, shape.params,
+                                   memory.checkpoint_bytes(shape, ranks=int(p.cfg.run.trainer_gpus))) for p in planned]
+    margin = max(margins, key=lambda m: sum(m.values()))
+    needed = sum(margin.values())
+    parts = ", ".join(f"{what} {seconds:,.0f} s" for what, seconds in margin.items())
+    delay = int(chosen) if chosen is not None else cost.signal_delay(margin)
+    print(f"SLURM's warning {delay:,} s before the time limit (launcher.signal_delay_s"
+          f"{'' if chosen is not None else ', sized'}): checkpointing and requeuing take ~{needed:,.0f} s ({parts}; "
+          f"ablate/cost.py, the checkpoint at launcher.checkpoint_gb_per_s={float(launcher['checkpoint_gb_per_s']):g})")
+    if delay < needed:
+        print(f"WARNING: launcher.signal_delay_s={delay} is shorter than that: at the time limit SLURM may kill a job "
+              f"before its checkpoint is written, losing its steps since the last one. Unset it (sized: "
+              f"{cost.signal_delay(margin)}), or set that much", file=sys.stderr)
+    if delay >= 60 * int(launcher["timeout_min"]) / 2:
+        print(f"WARNING: the warning takes {delay / 60:,.0f} of the job's {int(launcher['timeout_min']):,} minutes "
+              "(launcher.timeout_min): a longer time limit wastes less of each job", file=sys.stderr)
+    return delay
 
 
 def print_cost(planned: Sequence[Planned]) -> None:

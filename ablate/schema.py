@@ -353,7 +353,11 @@ class Launcher:
     qos: str | None = None
     constraint: str | None = None
     array_parallelism: int = 64
-    signal_delay_s: int = 120  # SLURM sends USR2 this long before the time limit: checkpoint, then requeue
+    # SLURM sends USR2 this long before the time limit: checkpoint, then requeue. Unset: sized before submit from
+    # the cost and memory models (a learner step, a validation, the checkpoint's write; ablate/cost.py), 120 s at
+    # least; set: checked against them, with a warning
+    signal_delay_s: Optional[int] = None
+    checkpoint_gb_per_s: float = 1.0  # a trainer rank's write speed to paths.runs, for that sizing
     # the network interface between a job's nodes (ib0, eth0, ...), for both planes: gloo's control messages and
     # NCCL's tensors (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME); unset: each library picks one (docs/distributed.md)
     network_interface: Optional[str] = None

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from ablate.alarms import Alarms
 from ablate.compute import StepFlops
 from ablate.config import flatten
-from ablate.generators.base import capabilities
+from ablate.generators.base import Interrupted, capabilities
 from ablate.distributed.groups import Groups
 from ablate.distributed.layouts import SHARDS, OneProcess, Weights
 from ablate.policy import Scorer, build_policy, build_tokenizer, compute_dtype
@@ -229,9 +229,10 @@ class RunState:
 
 
 class PreemptionNotice:
-    """SIGUSR2 (SLURM's warning before a time limit or a preemption) is held until the current step ends; then
-    the trainer checkpoints and hands the signal to the handler that was installed before (submitit's, which
-    requeues the job and exits). Without one, the run ends as KILLED after its checkpoint. A USR2 that comes after the
+    """SIGUSR2 (SLURM's warning before a time limit or a preemption) is held until the trainer can act on it: at once
+    while it waits on a step's rollouts (the step is dropped), else when the step in flight ends; then the trainer
+    checkpoints and hands the signal to the handler that was installed before (submitit's, which requeues the job
+    and exits). Without one, the run ends as KILLED after its checkpoint. A USR2 that comes after the
     last step changes nothing: the run ends as FINISHED and its job is not requeued."""
 
     def __init__(self):
@@ -239,7 +240,9 @@ class PreemptionNotice:
         try:
             self.previous = signal.signal(signal.SIGUSR2, self._hold)
         except ValueError:  # not the main thread: signals cannot be caught here
-            pass
+            return
+        # one that came while the run started (rank 0 defers it: ablate/distributed/signals.py) is taken now
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR2})
 
     def __enter__(self) -> PreemptionNotice:
         return self
@@ -264,7 +267,9 @@ class PreemptionNotice:
 
 
 class Checkpoint:
-    """<paths.runs>/<run id>/checkpoint.pt: everything a run needs to continue where it was (written atomically)."""
+    """<paths.runs>/<run id>/checkpoint.pt: everything a run needs to continue where it was (written atomically).
+    Between steps, or during a step's wait for its rollouts (the learner still at the step before; the prompts the
+    generator started are in its state, started again on resume: docs/training.md#time-limits)."""
 
     def __init__(self, folder: Path):
         self.path = folder / "checkpoint.pt"
@@ -410,6 +415,7 @@ class _Run:
         self.keeps_checkpoint = bool(cfg.sweep.get("keep_checkpoints"))  # at its last step, to be extended
         self.state = RunState()
         self.n_params = sum(p.numel() for p in self.learner.policy.parameters())
+        self.resumed = False
         self._resume_or_start()
         tracker.mark_running()
 
@@ -423,6 +429,7 @@ class _Run:
             state.gpu_hours = max(state.gpu_hours, last.get("compute/gpu_hours", 0.0))
             self.generator.reset_weights(self.learner.weights(), state.step)
             tracker.set_tags({"ablate.resumed_from": str(state.step)})
+            self.resumed = True
             print(f"run {self.run_id} resumes from its step-{state.step} checkpoint", file=sys.stderr, flush=True)
         else:
             params = flatten(OmegaConf.to_container(self.cfg, resolve=True, enum_to_str=True))
@@ -430,19 +437,26 @@ class _Run:
 
     def train(self, notice: PreemptionNotice, progress: Progress | None) -> None:
         """Step 0's validation (a new run), then every optimizer step left, checkpointing on schedule and on SLURM's
-        warning; a diverged loss or an exhausted data set ends the loop early, saying so."""
+        warning; a diverged loss or an exhausted data set ends the loop early, saying so. The warning, while rank 0
+        waits on a step's rollouts (no learner step in flight: minutes at the paper's scale, longer than the
+        warning), drops that step and checkpoints the one before (docs/training.md#time-limits)."""
         cfg, state, tracker = self.cfg, self.state, self.tracker
-        if state.step == 0:
+        if state.step == 0 and not self.resumed:  # resumed at step 0: warned in step 1, step 0 logged already
             pass_rate = self._validate(0.0, self.learner.weights(), 0)
             tracker.log_metrics({"val/pass_rate": pass_rate, "compute/gpu_hours": 0.0, "compute/flops": 0.0,
                                  "compute/val_gpu_hours": state.val_gpu_hours}, step=0)
         tick = time.perf_counter()  # device time runs from here: every second of the job counts, waits included
         for step in range(state.step + 1, cfg.train.steps + 1):
-            outcome = self._step(step, tick)
+            try:
+                outcome = self._step(step, tick, stop=lambda: notice.received)
+            except Interrupted:  # warned while waiting on this step's rollouts: the step before is saved as it ended
+                self._save()
+                tracker.set_tags({"ablate.requeued_at": str(step - 1)})
+                notice.hand_over()
             if outcome is None:
                 break
             metrics, ended, weights = outcome
-            self.alarms.step(step, metrics, ended - tick)
+            self.alarms.step(step, metrics, metrics["perf/learner_s"] + metrics["perf/weight_publish_s"])
             tick = ended
             if self._validates_at(step):  # one gather
                 metrics["val/pass_rate"] = self._validate(state.gpu_hours, weights, step)
@@ -492,14 +506,15 @@ class _Run:
         self.checkpoint.save(self.state, self.learner, self.sampler, self.generator)
         self.alarms.saved(time.perf_counter() - began)
 
-    def _step(self, step: int, tick: float) -> tuple[dict, float, Weights] | None:
+    def _step(self, step: int, tick: float, stop=None) -> tuple[dict, float, Weights] | None:
         """Optimizer step `step` (its device time counted from `tick`): rollouts, rewards, filtering, the learner's
         update, the weights to the generator; returns the step's metrics, when it ended and the weights published,
-        or None when the run ends here."""
+        or None when the run ends here. Interrupted (the generator's) when `stop()` turns true while the rollouts
+        are awaited."""
         state, generator, tracker = self.state, self.generator, self.tracker
         l_max = self.cfg.generation.max_think_tokens + self.cfg.generation.max_answer_tokens
         try:
-            rollouts = generator.batch(step, state.gpu_hours)
+            rollouts = generator.batch(step, state.gpu_hours, stop)
             rewards = rollouts.rewards + self.length_control.reward_shaping(rollouts.lengths, l_max)
             keep = self.prompt_filter.keep(rewards, rollouts.group)
             self.sampler.observe(rollouts.prompt_ids, rollouts.correct)

@@ -116,7 +116,7 @@ def executor_parameters(launcher: Mapping[str, Any], cluster: str, job_name: str
             if launcher.get(key):
                 params[f"slurm_{key}"] = launcher[key]
         params["slurm_array_parallelism"] = launcher["array_parallelism"]
-        params["slurm_signal_delay_s"] = launcher.get("signal_delay_s", 120)
+        params["slurm_signal_delay_s"] = launcher.get("signal_delay_s") or 120  # sized before submit (ablate/run.py)
         interface = launcher.get("network_interface")  # gloo's control plane and NCCL's data plane between nodes
         setup = [f"export GLOO_SOCKET_IFNAME={interface} NCCL_SOCKET_IFNAME={interface}"] if interface else []
         if setup or launcher.get("setup"):

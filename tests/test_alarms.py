@@ -65,6 +65,7 @@ def test_on_slurm_a_warning_too_short_for_a_step_a_validation_and_a_checkpoint_i
     alarms.saved(30.0)
     alarms.saved(31.0)
     assert [tag for tag, _ in said] == ["ablate.alarm.signal_delay"]
-    assert ("launcher.signal_delay_s=120 is less than a step, a validation and a checkpoint take here (step 50 s, "
+    assert ("launcher.signal_delay_s=120 is less than a learner step, a validation and a checkpoint take here "
+            "(learner step 50 s, "
             "validation 60 s, checkpoint 30 s; 140 s)") in said[0][1]
     assert said[0][1].endswith("Set launcher.signal_delay_s=211 or more")

@@ -43,6 +43,14 @@ def test_every_option_composes_and_validates(group, option):
         assert cfg[group]._target_.startswith("ablate.")
 
 
+def test_pacing_the_mock_changes_how_long_a_run_takes_not_what_it_is():
+    """generator.step_seconds (schema.NON_SEMANTIC_LEAVES) is out of the signature, so a paced run is the same run
+    (and the mock draws the same numbers for it); a key beside it that changes what the run does is in."""
+    mock = compose(["generator=mock"])
+    assert signature(compose(["generator=mock", "generator.step_seconds=5"])) == signature(mock)
+    assert signature(compose(["generator=mock", "generator.crash_at_step=3"])) != signature(mock)
+
+
 def test_recipe_scalerl_is_the_default():
     assert signature(compose(["recipe=scalerl"])) == signature(compose([]))
     cfg = compose([])
@@ -306,7 +314,18 @@ def test_a_layout_that_does_not_fit_its_gpus_fails_in_the_dry_run_naming_the_gb(
                           "the sweep"}
     assert costs["loo-8op"] > 1.2 * costs[next(iter(costs))]
     assert costs["the sweep"] == pytest.approx(8 * costs[next(iter(costs))] + costs["loo-8op"], abs=5)
+    # SLURM's warning, sized (docs/training.md#time-limits): the update of 768 rows of 2,048 + 14,336 tokens at
+    # 0.32 x 989 TFLOP/s / (6 x 8.03B) = 6,569 tokens/s on 16 GPUs, 119.7 s; a validation of 16,000 rows of 7,168
+    # tokens at 2,882 tokens/s on 64 GPUs, 621.9 s; 12 B x 8.03B / 16 ranks at 1 GB/s, 6.0 s; the requeue's 30 s:
+    # 777.6 s, x 1.5 in whole minutes, 1,200
+    assert "SLURM's warning 1,200 s before the time limit (launcher.signal_delay_s, sized): checkpointing and " \
+           "requeuing take ~778 s (learner step 120 s, validation 622 s, checkpoint 6 s, requeue 30 s;" in printed
     assert not list(tmp_path.glob("mlflow.db*"))
+    short = [*common, "launcher.signal_delay_s=300"]  # set shorter than that: said, not refused
+    assert run_sweep(compose(short), short) == 0
+    said = capsys.readouterr()
+    assert "SLURM's warning 300 s before the time limit (launcher.signal_delay_s):" in said.out
+    assert "WARNING: launcher.signal_delay_s=300 is shorter than that" in said.err and "(sized: 1200)" in said.err
 
 
 def test_validation_is_in_the_memory_check_where_our_engine_decodes_it(llama_8b, tmp_path, capsys):

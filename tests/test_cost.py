@@ -47,3 +47,18 @@ def test_a_pipeline_a_ppo_round_and_a_colocated_engine_by_hand():
     assert (alone.gpus, alone.generator_idle) == (1, 0.0)
     assert alone.gpu_hours == pytest.approx(96 * (3.2 + 0.096) / 3600)
     assert alone.val_gpu_hours == pytest.approx(10 * 4 * 200 / 1000 / 3600)
+
+
+def test_the_warnings_margin_and_its_size_by_hand():
+    """SMALL on 2 trainer + 4 generator GPUs, 1e9 parameters: the learner's update of 16 rows at the full budget
+    (100 + 400 tokens) at 50,000 tokens/s on 2 GPUs, 16 x 500 / 50,000 / 2 = 0.08 s; a validation of 10 x 4 rows
+    at half the budget, 40 x 200 / 1,000 / 4 GPUs = 2 s; 6 GB a rank written at 2 GB/s, 3 s; the requeue's 30 s.
+    Sized: 1.5 x 35.08 s is under 120 s, so 120; a margin of 200 s is 300 s, whole minutes: 300."""
+    cfg = compose([*SMALL, "run=fsdp", "run.trainer_gpus=2", "run.generator_gpus=4", "launcher.checkpoint_gb_per_s=2"])
+    margin = cost.warning_margin(cfg, 1e9, 6e9)
+    assert margin == pytest.approx({"learner step": 0.08, "validation": 2.0, "checkpoint": 3.0, "requeue": 30.0})
+    assert cost.signal_delay(margin) == 120
+    assert cost.signal_delay({"learner step": 170.0, "requeue": 30.0}) == 300  # 300 s exactly
+    assert cost.signal_delay({"learner step": 171.0, "requeue": 30.0}) == 360  # 301.5 s: the next minute
+    no_validation = cost.warning_margin(compose([*SMALL, "train.val_every=0"]), 1e9, 6e9)
+    assert no_validation["validation"] == 0.0 and no_validation["learner step"] == pytest.approx(0.16)  # 1 GPU

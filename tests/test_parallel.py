@@ -593,7 +593,8 @@ def test_a_warning_while_the_ranks_start_requeues_the_job_instead_of_killing_the
     USR2 still does what it does by default, which is to end the process. They were killed and the job failed
     (`trainer rank 0 failed: Signal 12`) instead of requeuing. Here it reaches this process and each rank as soon as
     the rank exists: the ranks hold it until their handlers are set, rank 0 stops before its work, and the job is
-    handed to the requeue handler; this thread's signal mask is as it was."""
+    handed to the requeue handler; this thread's signal mask is as it was, and SIGTERM's handler is submitit's
+    bypass again (torch's launcher left its own, which raised in the middle of the requeue)."""
     import threading
 
     cfg = OmegaConf.create(_config("run=fsdp"))
@@ -612,18 +613,93 @@ def test_a_warning_while_the_ranks_start_requeues_the_job_instead_of_killing_the
     def requeue(signum, frame) -> None:
         raise Requeued
 
+    def bypass(signum, frame) -> None:  # submitit's answer to SIGTERM: ignore it, the requeue is under way
+        pass
+
     displaced = signal.signal(signal.SIGUSR2, requeue)
+    terminate = signal.signal(signal.SIGTERM, bypass)
     sender = threading.Thread(target=warn_as_the_ranks_appear, daemon=True)
     sender.start()
     try:
         with pytest.raises(Requeued):
             processes.launch(cfg, _never_reached)
+        assert signal.getsignal(signal.SIGTERM) is bypass
     finally:
         stop.set()
         sender.join()
         signal.signal(signal.SIGUSR2, displaced)
+        signal.signal(signal.SIGTERM, terminate)
     assert len(warned) == 2
     assert signal.SIGUSR2 not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+
+
+def test_a_warning_during_rank_0s_start_up_waits_for_the_trainers_handler():
+    """Rank 0 stops at once for a warning that came before its work (above), but one that comes during the
+    trainer's start-up (the model's build, FSDP's broadcasts, a checkpoint's load: minutes at 8B) ended it in the
+    middle of a collective, its peers left waiting until run.data_timeout_min. Now it waits, blocked, for the
+    trainer's own handler, which takes it at once and acts at its first safe point (rank_main's calls, in this
+    thread: the signal sent to it alone, as SLURM's reaches the process)."""
+    import threading
+
+    from ablate.trainer import PreemptionNotice
+
+    stopped = []
+    before, mask = signal.getsignal(signal.SIGUSR2), signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    try:
+        signals.take_the_warning(lambda signum, frame: stopped.append(signum))  # rank_main's stop_for_requeue
+        signals.defer_the_warning()
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR2)  # during start-up
+        time.sleep(0.2)
+        assert stopped == []  # not ended in the middle of start-up
+        with PreemptionNotice() as notice:
+            assert notice.received and stopped == []  # the trainer's, held until its safe point
+        assert signal.getsignal(signal.SIGUSR2) != notice._hold  # closed: the stop is the handler again
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGUSR2, before)
+
+
+def test_rank_0s_failure_reaches_a_watching_process_within_seconds(capsys):
+    """A follower or an engine process blocked where rank 0's end cannot reach it (an NCCL collective rank 0 left:
+    here, this test's main thread, waiting) waited until run.data_timeout_min. Rank 0, failing, writes its error to
+    the job's store; the watching thread sees it within its 0.1 s here (1 s in a job) and ends the process (here:
+    `end`), naming rank 0's error; when the store itself is gone (node 0's launcher ended), two asks later."""
+    import threading
+
+    from torch.distributed import TCPStore
+
+    from ablate.distributed import watch
+
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    ended = threading.Event()
+    codes = []
+
+    def end(code):
+        codes.append(code)
+        ended.set()
+
+    with watch.watching(TCPStore("127.0.0.1", server.port, is_master=False), "trainer rank 1", every_s=0.1, end=end):
+        assert not ended.wait(0.5)  # nothing wrong: it only watches
+        began = time.monotonic()
+        watch.tell(TCPStore("127.0.0.1", server.port, is_master=False), RuntimeError("CUDA out of memory\nmore"))
+        assert ended.wait(5) and time.monotonic() - began < 1.0
+    assert codes == [watch.ENDED]
+    assert "trainer rank 1 stops: rank 0 failed: RuntimeError: CUDA out of memory" in capsys.readouterr().err
+
+    server2 = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    ended.clear()
+    with watch.watching(TCPStore("127.0.0.1", server2.port, is_master=False), "engine", every_s=0.1, end=end):
+        del server2  # node 0's launcher, and its store, gone
+        assert ended.wait(5)
+    assert "engine stops: rank 0 failed: the job's store on node 0 is gone" in capsys.readouterr().err
+
+    ended.clear()
+    client = TCPStore("127.0.0.1", server.port, is_master=False)
+    client.delete_key(watch.FAILED)
+    with watch.watching(client, "trainer rank 1", every_s=0.1, end=end):
+        pass  # a clean end: left before anything failed
+    watch.tell(client, RuntimeError("after the end"))
+    assert not ended.wait(0.5)
 
 
 def _exits_with_code_3(groups) -> None:

@@ -125,6 +125,43 @@ def test_a_restart_with_nothing_started_ahead_goes_on_at_the_next_step():
     fresh.close()
 
 
+def test_a_batch_given_up_at_a_warning_is_started_again_on_resume(monkeypatch):
+    """SLURM's warning while the trainer waits on batch 3 (docs/training.md#time-limits): `batch` raises Interrupted
+    at the first look after its `stop()` says so (here: once batch 3 is under way, a decode step a look), and the
+    state saved then (the learner still at version 2) holds batch 3's prompts as started: after a restart batch 3
+    is made of exactly them, on the weights of version 2; none is lost, none drawn twice."""
+    from ablate.generators import pipeline
+    from ablate.generators.base import Interrupted
+
+    monkeypatch.setattr(pipeline, "RUN_AHEAD_STEPS", 1)
+    _, policy, generator, drawn = _setup("off_policy=ppo_off_policy", "off_policy.k=1")  # no batch started ahead
+    for step in (1, 2):
+        generator.batch(step)
+        generator.publish(policy, step)
+    with pytest.raises(Interrupted):
+        generator.batch(3, 0.0, lambda: 3 in generator.pipeline.started)
+    state = generator.state_dict()
+    generator.close()
+    started = dict(state["started"])
+    assert list(started) == [3] and started[3] == drawn[-2:]  # batch 3's prompts, the last drawn
+    _, _, fresh, _ = _setup("off_policy=ppo_off_policy", "off_policy.k=1")
+    fresh.load_state_dict(state)
+    fresh.reset_weights(policy, 2)
+    ro = fresh.batch(3)
+    assert ro.prompt_ids[::2].tolist() == started[3] and set(ro.versions[ro.mask].tolist()) == {2}
+    fresh.close()
+
+
+def test_the_concurrent_mode_gives_up_a_batch_within_a_look_of_its_stop():
+    from ablate.generators.base import Interrupted
+
+    _, policy, generator, _ = _setup("off_policy=ppo_off_policy", "off_policy.k=1", "generator.concurrent=true")
+    generator.batch(1)
+    with pytest.raises(Interrupted, match="batch 2"):
+        generator.batch(2, 0.0, lambda: True)
+    generator.close()
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
 def test_generator_vllm_without_vllm_says_so_instead_of_decoding_with_torch():
     with pytest.raises(ModuleNotFoundError, match=r"generator=vllm needs vLLM.*pip install -e '\.\[vllm\]'"):

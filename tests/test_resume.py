@@ -190,3 +190,49 @@ def test_a_warning_while_the_finished_run_is_closed_neither_requeues_nor_kills_t
     finally:
         signal.signal(signal.SIGUSR2, before)
     assert client.get_run(run_id).info.status == "FINISHED"
+
+
+def test_a_warning_while_a_step_waits_on_its_rollouts_drops_it_and_resumes_from_the_step_before(tmp_path, mlflow_uri,
+                                                                                                monkeypatch):
+    # A paper-scale step (minutes, mostly the wait for rollouts) outlasts SLURM's warning: finishing it before the
+    # checkpoint ran past the time limit. Warned as step 2's 30-s wait begins (the mock's generator.step_seconds),
+    # the run saves step 1 and is handed to the requeue within a few seconds, not after the 30 s the step had left;
+    # run again, it resumes at step 1 and logs every step once
+    from ablate.config import compose
+    from ablate.generators.mock import MockGenerator
+    from ablate.job import run_variant
+    from ablate.run import job_config
+
+    batch, warned, handed = MockGenerator.batch, [], []
+
+    def warned_in_step_2(self, step, compute, stop=None):
+        if step == 2 and not warned:
+            self.step_seconds = 30.0
+            warned.append(time.monotonic())
+            signal.raise_signal(signal.SIGUSR2)
+        return batch(self, step, compute, stop)
+
+    def requeue(signum, frame):  # submitit's: requeue the job, then exit
+        handed.append(time.monotonic())
+        raise SystemExit(0)
+
+    monkeypatch.setattr(MockGenerator, "batch", warned_in_step_2)
+    client = tracking.client(mlflow_uri)
+    run_id = tracking.create_variant_run(client, tracking.experiment_id(client, "tiny"), "scalerl", {})
+    config = job_config(compose(["generator=mock", "train.steps=3", "train.val_every=1", "train.checkpoint_every=1000",
+                                 f"paths.runs={tmp_path}/runs"]))
+    before = signal.signal(signal.SIGUSR2, requeue)
+    try:
+        with pytest.raises(SystemExit):
+            run_variant(config, run_id, mlflow_uri)
+        assert handed[0] - warned[0] < 10.0  # the step's 30 s were not waited out
+        run = client.get_run(run_id)
+        assert run.info.status == "RUNNING" and run.data.tags["ablate.requeued_at"] == "1"
+        assert _last_step(client, run_id) == 1
+        assert run_variant(config, run_id, mlflow_uri)["step"] == 3  # the next job
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["ablate.resumed_from"] == "1"
+    for key in ("compute/gpu_hours", "val/pass_rate"):
+        assert sorted(m.step for m in client.get_metric_history(run_id, key)) == [0, 1, 2, 3], key

@@ -479,23 +479,24 @@ def test_a_job_at_its_time_limit_checkpoints_requeues_and_finishes(slurm, tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_a_job_warned_in_a_step_longer_than_the_warning_requeues_from_the_step_before(slurm, tmp_path):
     # A paper-scale step is minutes, longer than SLURM's warning: a job that finished the step in flight before
-    # checkpointing ran past its time limit and ended TIMEOUT, never requeued. Here 100-s steps (the mock's
-    # batch waits them, as decoding would), a 3-minute limit and the warning 40 s before it: it comes 140-170 s
-    # into the job (slurmctld's 30-s timer), in the job's second step, which would end at ~210 s, past the kill at
-    # 185 s (KillWait=5). Rank 0 drops the step it waits on, checkpoints the step before and requeues; the next
-    # job does the last step and finishes. 2 jobs, ~5 minutes
+    # checkpointing ran past its time limit and ended TIMEOUT, never requeued. Here 165-s steps (the mock's batch
+    # waits them, as decoding would), a 5-minute limit and the warning 30 s before it, which SLURM sends up to 60 s
+    # early: 210-270 s into the job, always in its second step (it began at 170-195 s, after 5-30 s of start-up),
+    # which would end at 335 s or later, past the kill at 305 s (KillWait=5). Rank 0 drops the step it waits on,
+    # checkpoints the step before and requeues; the next job does the last step and finishes. 2 jobs, ~8 minutes
     out = _ablate(tmp_path, "sweep=none", "train.steps=2", "train.val_every=1", "train.checkpoint_every=100000",
-                  "generator.step_seconds=100", "launcher.timeout_min=3", "launcher.signal_delay_s=40",
+                  "generator.step_seconds=165", "launcher.timeout_min=5", "launcher.signal_delay_s=30",
                   env=slurm.env)
     assert out.returncode == 0, out.stderr
-    status = _wait_until_done(tmp_path, timeout=600)
-    assert status.returncode == 0, status.stdout
+    status = _wait_until_done(tmp_path, timeout=900)
+    assert status.returncode == 0 and status.stdout.count(" completed ") == 1, status.stdout
     client, exp = _client(tmp_path)
     (run,) = [r for r in client.search_runs([exp]) if r.data.tags["ablate.role"] == "variant"]
     _assert_complete(client, run.info.run_id, 2)
-    tags = run.data.tags
+    tags = client.get_run(run.info.run_id).data.tags
     assert tags["ablate.requeued_at"] == tags["ablate.resumed_from"] == "1"  # the step before the one dropped
 
 
@@ -506,6 +507,9 @@ def test_one_run_is_one_job_and_the_command_returns_at_once(slurm, tmp_path):
     assert "sweep none-" in out.stdout and ": 1 variant" in out.stdout and "1 to run" in out.stdout
     (job,) = _manifest(tmp_path)["jobs"]
     assert job["job_id"]
+    # launcher.signal_delay_s unset, and no GPU to size it by: the least, 120 s (docs/training.md#time-limits)
+    script = (tmp_path / "outputs" / "tiny" / "jobs").glob(f"*/{job['job_id']}_submission.sh")
+    assert "#SBATCH --signal=USR2@120\n" in next(script).read_text()
     status = _wait_until_done(tmp_path)
     assert status.stdout.count(" completed ") == 1, status.stdout + status.stderr
     client, exp = _client(tmp_path)

@@ -41,6 +41,13 @@ def take_the_warning(handler) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR2})
 
 
+def defer_the_warning() -> None:
+    """Block USR2 again (rank 0, as the trainer starts): one that comes during start-up (the model's build, FSDP's
+    broadcasts, a checkpoint's load: minutes at 8B) waits for the trainer's own handler (ablate.trainer's
+    PreemptionNotice unblocks it) instead of ending this rank in the middle of a collective its peers are in."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+
+
 def stop_for_requeue(signum, frame) -> None:
     """Rank 0's answer once the trainer has checkpointed: end here; the launcher's process requeues the job."""
     raise SystemExit(0)

@@ -8,7 +8,7 @@ What the config checks need before anything is built (may it run engines in proc
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -19,6 +19,11 @@ if TYPE_CHECKING:
     from ablate.compute import Clock
     from ablate.generators.engine import Limits, Sequence
     from ablate.rollouts import Rollouts
+
+
+class Interrupted(Exception):
+    """`batch` stopped waiting because its `stop()` said so (SLURM's warning): the batch is dropped, and the generator
+    is only to be closed."""
 
 
 @dataclass(frozen=True)
@@ -43,8 +48,9 @@ class Generator(Protocol):
     clock: Clock  # the run's device-hours per step (ablate/compute.py)
     validated_on: str = ""  # where the last validation decoded: "engine", "staging copy", "policy" ("": simulated)
 
-    def batch(self, step: int, compute: float) -> Rollouts:
-        """Optimizer step `step`'s rollouts, `compute` device-hours into the run; blocks until they are complete."""
+    def batch(self, step: int, compute: float, stop: Callable[[], bool] | None = None) -> Rollouts:
+        """Optimizer step `step`'s rollouts, `compute` device-hours into the run; blocks until they are complete, or
+        raises Interrupted within a second or so of `stop()` turning true (asked between two looks at the engine)."""
         ...
 
     def validate(self, compute: float, *, policy, step: int) -> float:

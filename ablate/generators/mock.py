@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -25,7 +26,7 @@ from omegaconf import DictConfig
 
 from ablate.compute import Clock, StepFlops
 from ablate.config import choice_of, signature
-from ablate.generators.base import Capabilities, Generator
+from ablate.generators.base import Capabilities, Generator, Interrupted
 from ablate.policy import build_tokenizer
 from ablate.registry import build
 from ablate.rollouts import Rollouts
@@ -108,12 +109,16 @@ class MockGenerator(Generator):
         self._wobble, self._wobble_at = state["wobble"], state["wobble_at"]
 
     # ------------------------------------------------------------------------------- the trainer's generator calls
-    def batch(self, step: int, compute: float) -> Rollouts:
+    def batch(self, step: int, compute: float, stop: Callable[[], bool] | None = None) -> Rollouts:
         """Batch `step` (trained by policy version step - 1) of the sampler's next prompts, after
-        generator.step_seconds of wall-clock time (decoding's, played)."""
+        generator.step_seconds of wall-clock time (decoding's, played: `stop` is asked every 0.1 s of it)."""
         if step == self.crash_at:
             raise RuntimeError(f"the simulated job crashes at step {step} (generator.crash_at_step)")
-        time.sleep(self.step_seconds)
+        until = time.monotonic() + self.step_seconds
+        while (left := until - time.monotonic()) > 0:
+            if stop is not None and stop():
+                raise Interrupted(f"batch {step}, {left:.1f} s before it was ready")
+            time.sleep(min(left, 0.1))
         return self.rollouts(self.sampler.next(self.samples_per_batch), step - 1, compute)
 
     # ------------------------------------------------------------------------------------------------ validation

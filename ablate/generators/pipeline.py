@@ -23,12 +23,12 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 
-from ablate.generators.base import Engine
+from ablate.generators.base import Engine, Interrupted
 from ablate.generators.engine import Sequence
 from ablate.distributed.layouts import Weights, weights_of
 from ablate.rollouts import Rollouts
@@ -70,8 +70,10 @@ class Pipeline:
             self.thread = threading.Thread(target=self._run, name="generator", daemon=True)
 
     # ------------------------------------------------------------------------------------------- trainer side
-    def batch(self, step: int, compute: float = 0.0) -> Rollouts:
-        """Batch `step`: blocks until its rows have all ended, then hands them over (once)."""
+    def batch(self, step: int, compute: float = 0.0, stop: Callable[[], bool] | None = None) -> Rollouts:
+        """Batch `step`: blocks until its rows have all ended, then hands them over (once); raises Interrupted when
+        `stop()` turns true meanwhile (asked after each look in the deterministic mode, every second in the
+        concurrent one)."""
         if self.thread is not None and self.thread.ident is None:
             self.thread.start()
         waited = time.perf_counter()
@@ -84,6 +86,8 @@ class Pipeline:
                 if self.error is not None:
                     raise RuntimeError(f"the generator failed: {type(self.error).__name__}: {self.error}") \
                         from self.error
+                if stop is not None and stop():
+                    raise Interrupted(f"batch {step}, before its rows had all ended")
                 if self.thread is None:
                     self._advance()
                 else:

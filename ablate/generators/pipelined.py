@@ -110,8 +110,8 @@ class PipelineGenerator(Generator):
                             **self.engine_args)
 
     # ------------------------------------------------------------------------------------------------ contract
-    def batch(self, step: int, compute: float = 0.0) -> Rollouts:
-        return self.pipeline.batch(step, compute)
+    def batch(self, step: int, compute: float = 0.0, stop: Callable[[], bool] | None = None) -> Rollouts:
+        return self.pipeline.batch(step, compute, stop)
 
     def publish(self, policy, version: int) -> None:
         self.pipeline.publish(policy, version)
