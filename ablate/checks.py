@@ -259,9 +259,13 @@ def layout_memory(cfg: DictConfig, gpu_gb: float) -> list:
     return processes
 
 
+H100_GB = 85.0  # an "80 GB" H100's memory as the device reports it (81,559 MiB = 85.5 GB), a little under
+
+
 def gpu_memory_gb(cfg: DictConfig, cluster: str) -> float | None:
-    """A GPU's memory for the check before submit: launcher.gpu_memory_gb when set; on SLURM with GPUs, 80 (an
-    H100's); here, the smallest visible CUDA device's; None when the run is on CPUs (nothing to check)."""
+    """A GPU's memory for the check before submit, as the device reports it (vLLM's unit for its share):
+    launcher.gpu_memory_gb when set; on SLURM with GPUs, 85 (an "80 GB" H100: 81,559 MiB); here, the smallest
+    visible CUDA device's; None when the run is on CPUs (nothing to check)."""
     import torch
 
     from ablate.policy import device_of
@@ -274,7 +278,7 @@ def gpu_memory_gb(cfg: DictConfig, cluster: str) -> float | None:
     if cfg.launcher.get("gpu_memory_gb"):
         return float(cfg.launcher.gpu_memory_gb)
     if cluster == "slurm":
-        return 80.0
+        return H100_GB
     if device_of(cfg.model).type == "cuda" and torch.cuda.is_available() and torch.cuda.device_count():
         return min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())) / 1e9
     return None  # no device to read (a layout that wants one fails on its GPU count)

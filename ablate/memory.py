@@ -123,7 +123,8 @@ def trainer(shape: Shape, *, ranks: int, micro_tokens: float, checkpointing: boo
     dtype and one layer's gradients before their reduce-scatter (and its fp32 copy for it), the root gathered in fp32
     with its gradient, and (run.sharded_gradients=false) a whole fp32 gradient; in one process in bf16, autocast's
     copies of the matmuls' weights; the activations (with activation checkpointing every layer's fp32 input and one
-    layer recomputed whole) and one chunk of the LM head's logits (`head` bytes a float) with their gradient."""
+    layer recomputed whole); the LM head's fp32 inputs, its weight in the compute dtype and one chunk of its logits
+    (`head` bytes a float) with their gradient."""
     n = shape.params
     p = Process(name)
     p.bytes["weights, gradients and AdamW state"] = 16 * n / ranks
@@ -137,6 +138,11 @@ def trainer(shape: Shape, *, ranks: int, micro_tokens: float, checkpointing: boo
     per_layer = layer_activation_bytes(shape, compute)
     kept = shape.layers * 4 * shape.hidden + per_layer if checkpointing else shape.layers * per_layer
     p.bytes["activations"] = micro_tokens * kept
+    # the head's inputs, the final norm's output over the fp32 residual stream, kept for its backward; its weight
+    # rounded once to the compute dtype (ablate/rl/precision.py); one chunk of its fp32 logits and their gradient
+    p.bytes["LM head's inputs"] = micro_tokens * shape.hidden * 4
+    if compute < 4:
+        p.bytes["LM head's weight in the compute dtype"] = compute * shape.vocab * shape.hidden
     p.bytes["LM head chunk"] = 2 * HEAD_CHUNK * shape.vocab * max(head, 4)
     return p
 
@@ -148,13 +154,29 @@ def torch_engine(shape: Shape, *, compute: int, copies: int, rows: float, row_to
             "generator's KV cache": rows * row_tokens * kv_bytes_per_token(shape, compute)}
 
 
-def vllm_engine(shape: Shape, *, compute: int, gpu_bytes: float, utilization: float, staged: bool) -> dict[str, float]:
-    """vLLM's share of the GPU (gpu_memory_utilization: its weights, activations and KV cache), and, staged, the
-    staging copy of the whole model beside it (every tensor-parallel rank gets every tensor)."""
-    parts = {"vLLM (gpu_memory_utilization)": utilization * gpu_bytes}
-    if staged:
-        parts["staging copy of the weights"] = compute * shape.params
-    return parts
+VLLM_WORKSPACE = 4 * GB  # vLLM's share beyond its weights and KV cache: its profiled batch's activations, CUDA
+# graphs, the sampler (an estimate, docs/design.md#the-memory-model)
+OUTSIDE_VLLM = 2 * GB  # an engine process's memory outside vLLM's share: the CUDA context, NCCL's buffers
+
+
+def vllm_engine(*, gpu_bytes: float, utilization: float) -> dict[str, float]:
+    """vLLM's share of the GPU (gpu_memory_utilization, of the memory the device reports: its weights, activations
+    and KV cache) and the CUDA context and NCCL's buffers beside it."""
+    return {"vLLM (gpu_memory_utilization)": utilization * gpu_bytes, "CUDA context and NCCL": OUTSIDE_VLLM}
+
+
+def vllm_share(shape: Shape, *, compute: int, gpu_bytes: float, rows: float, row_tokens: float, beside: float,
+               tensor_parallel: int = 1) -> float:
+    """The gpu_memory_utilization an engine process gives vLLM when it is unset: what its rows need (its weights,
+    the KV cache of `rows` rows at `row_tokens`, its workspace; a tensor-parallel rank's share), as far as the GPU
+    has room beside the process's other parts (`beside` bytes: the staging copy, a validation cache) and what lives
+    outside vLLM, and never less than its weights and workspace with one row's cache (where even that has no room,
+    the memory check names what took it). vLLM's unit: the GPU's memory as the device reports it (`gpu_bytes`)."""
+    def share(rows: float) -> float:
+        return (compute * shape.params + rows * row_tokens * kv_bytes_per_token(shape, compute)) / tensor_parallel \
+            + VLLM_WORKSPACE
+
+    return max(min(share(rows), gpu_bytes - OUTSIDE_VLLM - beside), share(1)) / gpu_bytes
 
 
 def vllm_room(shape: Shape, *, compute: int, gpu_bytes: float, utilization: float, tensor_parallel: int = 1) -> float:

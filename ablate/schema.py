@@ -200,7 +200,10 @@ class HFGenerator(Generator):
 
 @dataclass
 class VLLMGenerator(HFGenerator):
-    gpu_memory_utilization: float = 0.5  # vLLM's share of the GPU; the trainer shares it
+    # vLLM's share of the GPU's memory as the device reports it (an "80 GB" H100: ~85 GB); unset: in engine processes
+    # sized from the memory model, what an engine's rows need as far as the GPU has room (ablate/memory.py), and 0.5
+    # beside trainer rank 0 (the trainer has the rest)
+    gpu_memory_utilization: Optional[float] = None
     kv_cache_gib: float | None = None  # the KV cache's size, set directly (on a CPU: vLLM's share of memory)
     enforce_eager: bool = False  # no torch.compile nor CUDA graphs: starts in seconds, decodes slower on a GPU
     # GPUs (engine processes) per vLLM engine, tensor parallel: run.generator_gpus / this engines (data parallel)

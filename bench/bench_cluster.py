@@ -83,7 +83,7 @@ def main() -> None:
     p.add_argument("--peak-tflops", type=float, default=H100_PEAK_TFLOPS, help="dense bf16 peak per GPU")
     p.add_argument("--sync-gb-per-s", type=float, default=20.0,
                    help="weight broadcast bandwidth to the generator GPUs, GB/s (0: no sync cost)")
-    p.add_argument("--gpu-gb", type=float, default=80.0, help="memory per GPU, GB (H100: 80)")
+    p.add_argument("--gpu-gb", type=float, default=85.0, help="memory per GPU, GB, as the device reports it (an \"80 GB\" H100: 85)")
     p.add_argument("--micro-rows", type=int, default=8, help="rows per micro-batch (train.micro_batch_size)")
     p.add_argument("--micro-tokens", type=int, default=65536,
                    help="tokens per micro-batch, padded, at most (train.micro_batch_tokens, paper_8b's; 0: no cap)")
@@ -168,8 +168,8 @@ def print_memory(a, shape: Shape) -> None:
     rows_at_once = a.prompts * a.samples * a.waves / a.generators
     room = vllm_room(shape, compute=2, gpu_bytes=a.gpu_gb * GB, utilization=a.utilization)
     fits = max(room, 0.0) / (kv_bytes_per_token(shape, 2) * (a.prompt_len + a.completion))
-    engine = Process("generator", vllm_engine(shape, compute=2, gpu_bytes=a.gpu_gb * GB, utilization=a.utilization,
-                                              staged=not a.direct))
+    parts = vllm_engine(gpu_bytes=a.gpu_gb * GB, utilization=a.utilization)
+    engine = Process("generator", parts if a.direct else {**parts, "staging copy of the weights": 2 * shape.params})
     print(f"  {engine.describe(a.gpu_gb)}; vLLM's {a.utilization:g} of the GPU leaves at most {room / GB:.0f} GB of "
           f"KV cache: {fits:.0f} sequences of {a.prompt_len + a.completion:,.0f} tokens at once, of the "
           f"{rows_at_once:.0f} its {a.waves} waves start (the rest wait for room)")

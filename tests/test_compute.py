@@ -182,11 +182,13 @@ def test_the_memory_model_adds_up_a_trainer_and_a_generator_gpu_by_hand():
     assert memory.layer_activation_bytes(shape, 2) == 400 and memory.layer_activation_bytes(shape, 4) == 560
     # 4 FSDP ranks, bf16, 1e6 tokens: 16 x 1,352 / 4 of state; two layers gathered in bf16 and one's gradients in
     # bf16 and fp32, 592 x (4 + 2 + 4); the root and its gradient in fp32, 8 x 168; 2 x 400 x 1e6 of activations
-    # (with checkpointing: every layer's fp32 input, 2 x 32, and one layer, 400); 2 x 1024 x 10 x 4 of head chunk
+    # (with checkpointing: every layer's fp32 input, 2 x 32, and one layer, 400); the head's fp32 inputs, 1e6 x 8 x 4,
+    # its weight in bf16, 2 x 10 x 8; 2 x 1024 x 10 x 4 of head chunk
     bare = memory.trainer(shape, ranks=4, micro_tokens=1e6, checkpointing=False, compute=2, head=4)
     assert bare.bytes == {"weights, gradients and AdamW state": 5408, "gathered layers": 5920,
-                          "gathered embeddings and head": 1344, "activations": 8e8, "LM head chunk": 81920}
-    assert bare.parts[0] == ("activations", 8e8) and bare.total == 8e8 + 5408 + 5920 + 1344 + 81920
+                          "gathered embeddings and head": 1344, "activations": 8e8, "LM head's inputs": 3.2e7,
+                          "LM head's weight in the compute dtype": 160, "LM head chunk": 81920}
+    assert bare.parts[0] == ("activations", 8e8) and bare.total == 8e8 + 5408 + 5920 + 1344 + 3.2e7 + 160 + 81920
     assert memory.trainer(shape, ranks=4, micro_tokens=1e6, checkpointing=True, compute=2,
                           head=4).bytes["activations"] == 1e6 * (2 * 32 + 400)
     whole = memory.trainer(shape, ranks=4, micro_tokens=1, checkpointing=False, compute=2, head=4,
@@ -198,8 +200,16 @@ def test_the_memory_model_adds_up_a_trainer_and_a_generator_gpu_by_hand():
     # engines: 1,352 bf16 weights, twice in an engine process, and a KV cache of 2 x 2 layers x 4 x 2 = 32 B a token
     assert memory.torch_engine(shape, compute=2, copies=2, rows=12, row_tokens=1000) == {
         "generator's weights": 2 * 2 * 1352, "generator's KV cache": 12 * 1000 * 32}
-    assert memory.vllm_engine(shape, compute=2, gpu_bytes=10e9, utilization=0.5, staged=True) == {
-        "vLLM (gpu_memory_utilization)": 5e9, "staging copy of the weights": 2 * 1352}
+    assert memory.vllm_engine(gpu_bytes=10e9, utilization=0.5) == {
+        "vLLM (gpu_memory_utilization)": 5e9, "CUDA context and NCCL": memory.OUTSIDE_VLLM}
+    # unset, vLLM's share: what 12 rows of 1,000 tokens need, 2 x 1,352 + 12 x 1,000 x 32 = 386,704 bytes and the
+    # 4 GB workspace, of a 100 GB GPU; on a 10 GB one, all the room left beside the 2 GB outside vLLM and 3 GB
+    # beside it (a staging copy, a validation cache): 0.5
+    need = 2 * 1352 + 12 * 1000 * 32 + memory.VLLM_WORKSPACE
+    assert memory.vllm_share(shape, compute=2, gpu_bytes=100e9, rows=12, row_tokens=1000, beside=3e9) == \
+        pytest.approx(need / 100e9)
+    assert memory.vllm_share(shape, compute=2, gpu_bytes=10e9, rows=12, row_tokens=1000, beside=3e9) == \
+        pytest.approx(0.5)
     assert memory.vllm_room(shape, compute=2, gpu_bytes=1e4, utilization=0.25, tensor_parallel=2) == 2500 - 1352
     assert memory.micro_batch_tokens(8, 65536, 16384) == 4 * 16384 and memory.micro_batch_tokens(8, 0, 100) == 800
     assert memory.micro_batch_tokens(8, 1000, 16384) == 16384  # a row longer than the cap goes alone

