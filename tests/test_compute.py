@@ -1,5 +1,7 @@
 """The reference clock (ablate/compute.py): device-hours of a run's FLOPs on a fixed layout, by the off-policy rule."""
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -202,14 +204,13 @@ def test_the_memory_model_adds_up_a_trainer_and_a_generator_gpu_by_hand():
         "generator's weights": 2 * 2 * 1352, "generator's KV cache": 12 * 1000 * 32}
     assert memory.vllm_engine(gpu_bytes=10e9, utilization=0.5) == {
         "vLLM (gpu_memory_utilization)": 5e9, "CUDA context and NCCL": memory.OUTSIDE_VLLM}
-    # unset, vLLM's share: what 12 rows of 1,000 tokens need, 2 x 1,352 + 12 x 1,000 x 32 = 386,704 bytes and the
-    # 4 GB workspace, of a 100 GB GPU; on a 10 GB one, all the room left beside the 2 GB outside vLLM and 3 GB
-    # beside it (a staging copy, a validation cache): 0.5
-    need = 2 * 1352 + 12 * 1000 * 32 + memory.VLLM_WORKSPACE
-    assert memory.vllm_share(shape, compute=2, gpu_bytes=100e9, rows=12, row_tokens=1000, beside=3e9) == \
-        pytest.approx(need / 100e9)
-    assert memory.vllm_share(shape, compute=2, gpu_bytes=10e9, rows=12, row_tokens=1000, beside=3e9) == \
-        pytest.approx(0.5)
+    # unset, vLLM's share: what 12 rows of 1e8 tokens need, 2 x 1,352 + 12 x 1e8 x 32 = 38.4 GB and the 4 GB workspace,
+    # 42.4 GB of a 100 GB GPU; of a 20 GB one, all the room beside the 2 GB outside vLLM and 3 GB beside it (a staging
+    # copy, a validation cache), 15 GB: 0.75; of a 10 GB one, the least vLLM runs with, one row: 3.2 + 4 GB, 0.72
+    share = functools.partial(memory.vllm_share, shape, compute=2, rows=12, row_tokens=1e8, beside=3e9)
+    assert share(gpu_bytes=100e9) == pytest.approx((2 * 1352 + 12 * 1e8 * 32 + memory.VLLM_WORKSPACE) / 100e9)
+    assert share(gpu_bytes=20e9) == pytest.approx(0.75)
+    assert share(gpu_bytes=10e9) == pytest.approx((2 * 1352 + 1e8 * 32 + memory.VLLM_WORKSPACE) / 10e9)
     assert memory.vllm_room(shape, compute=2, gpu_bytes=1e4, utilization=0.25, tensor_parallel=2) == 2500 - 1352
     assert memory.micro_batch_tokens(8, 65536, 16384) == 4 * 16384 and memory.micro_batch_tokens(8, 0, 100) == 800
     assert memory.micro_batch_tokens(8, 1000, 16384) == 16384  # a row longer than the cap goes alone
