@@ -186,16 +186,26 @@ def completion_logprobs(model: torch.nn.Module, prompt_tokens: torch.Tensor, pro
     With a sampling temperature, the log-probs are those of the tempered distribution the generator sampled from.
     The decoder runs under `autocast(compute_dtype)`; the head in the precision option's dtype (its operands, for
     the fp32 head, in `compute_dtype`).
+
+    Each row goes in left-aligned (its prompt's real tokens at positions 0.., then its completion, padding only at
+    the end, the columns no row reaches dropped) with no attention mask: causality alone keeps every real token from
+    the padding after it, so attention runs as `is_causal` (FlashAttention or the memory-efficient kernel on a GPU,
+    GQA's native path) instead of with a [N, 1, L, L] mask built from the padding (docs/design.md#the-memory-model).
     """
     N, P = prompt_tokens.shape
     T = tokens.shape[1]
-    inside = torch.arange(T, device=tokens.device)[None, :] < lengths[:, None]
-    attention = torch.cat([prompt_mask, inside], dim=1)
-    positions = (attention.long().cumsum(dim=1) - 1).clamp(min=0)
+    steps = torch.arange(T, device=tokens.device)
+    inside = steps[None, :] < lengths[:, None]
+    real = prompt_mask.sum(dim=1)  # [N] each prompt's real tokens (its left padding: P - real)
+    L = int((real + lengths).max())  # the longest row, left-aligned
+    at = torch.arange(L, device=tokens.device)
+    columns = (at[None, :] + (P - real)[:, None]).clamp(max=P + T - 1)  # row i's column j: column j + its padding
+    aligned = torch.cat([prompt_tokens, tokens], dim=1).gather(1, columns)
     with autocast(tokens.device, compute_dtype):
-        hidden = model.get_decoder()(input_ids=torch.cat([prompt_tokens, tokens], dim=1),
-                                     attention_mask=attention.long(), position_ids=positions).last_hidden_state
-    predicting = hidden[:, P - 1:P - 1 + T]  # the state at position p predicts the token at p + 1
+        hidden = model.get_decoder()(input_ids=aligned, position_ids=at[None, :].expand(N, L)).last_hidden_state
+    # the state at position p predicts the token at p + 1: completion token t of row i at real_i - 1 + t
+    where = (real[:, None] - 1 + steps[None, :]).clamp(max=L - 1)
+    predicting = hidden.gather(1, where[:, :, None].expand(N, T, hidden.shape[-1]))
     lm_head = model.get_output_embeddings()
     # the head's operands in the compute dtype where the precision option takes them so (the generator's: bf16
     # hidden states and weights); the temperature divides the logits, as the generators do

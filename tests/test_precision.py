@@ -76,6 +76,51 @@ def test_log_probs_of_a_transformers_causal_lm_match_its_own_logits():
         assert torch.allclose(logp[i, :lengths[i]], expected, atol=1e-4), i
 
 
+def test_rows_go_in_left_aligned_with_no_attention_mask_and_score_as_the_padded_form(monkeypatch):
+    """The trainer's forward (completion_logprobs) took left-padded prompts and right-padded completions with their
+    2-D padding mask, from which transformers built a [N, 1, L, L] mask for attention: on a GPU that rules out
+    FlashAttention and GQA's native path, and costs a T^2 bias a layer. Now each row goes in left-aligned with no mask:
+    a spy on torch's attention sees no mask and `is_causal` in every layer, the trailing columns no row reaches are
+    dropped, and the log-probs are the padded form's (that form, computed here as before, with its mask and
+    positions; fp32 on the CPU: within 1e-5)."""
+    from omegaconf import OmegaConf
+
+    from ablate.policy import build_policy, completion_logprobs
+
+    model = build_policy(OmegaConf.create({"name": "tiny", "path": None, "vocab_size": 97, "hidden_size": 32,
+                                           "num_layers": 2, "num_heads": 4, "dtype": "float32"}), seed=0)
+    torch.manual_seed(1)
+    dev = model.device
+    prompt = torch.randint(3, 97, (4, 7), device=dev)
+    prompt_mask = torch.ones(4, 7, dtype=torch.bool, device=dev)
+    prompt_mask[0, :3], prompt_mask[2, :6] = False, False  # left padding: prompts of 4, 7, 1 and 7 tokens
+    tokens = torch.randint(3, 97, (4, 9), device=dev)
+    lengths = torch.tensor([9, 2, 5, 0], device=dev)
+
+    calls, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+
+    def spy(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
+        calls.append((attn_mask, is_causal, query.shape[-2]))
+        return sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    logp = completion_logprobs(model, prompt, prompt_mask, tokens, lengths, precision.fp32_head)
+    assert len(calls) == 2 and all(mask is None and causal for mask, causal, _ in calls)  # one per layer
+    assert {length for *_, length in calls} == {4 + 9}  # the longest row left-aligned, not 7 + 9 columns
+    monkeypatch.undo()
+
+    # the padded form, as completion_logprobs computed it before
+    inside = torch.arange(9, device=dev)[None, :] < lengths[:, None]
+    attention = torch.cat([prompt_mask, inside], dim=1)
+    positions = (attention.long().cumsum(dim=1) - 1).clamp(min=0)
+    hidden = model.get_decoder()(input_ids=torch.cat([prompt, tokens], dim=1), attention_mask=attention.long(),
+                                 position_ids=positions).last_hidden_state
+    padded = precision.fp32_head(hidden[:, 6:15], model.get_output_embeddings().weight, tokens)
+    padded = torch.where(inside, padded, torch.zeros_like(padded))
+    assert (logp - padded).abs().max() < 1e-5
+    assert (logp[3] == 0).all() and logp[1, 2:].eq(0).all()  # past each row's length
+
+
 def test_the_bf16_head_casts_the_head_once_not_once_per_chunk():
     """At V = 128k and H = 4k the head is 0.5 G parameters: casting it for every chunk of 1,024 rows is a copy of it
     per chunk. Counted here as the copies of the [V, H] weight into bf16, forward and backward (recomputed chunks
