@@ -65,10 +65,11 @@ def launch(cfg, fn, *args, **kwargs):
     levels = [log.level for log in quiet]
     for log in quiet:
         log.setLevel(logging.ERROR)
-    # SLURM's warning (USR2, before a time limit or a preemption) is rank 0's to act on: at the end of its step it
-    # checkpoints (every rank writes its shards) and stops; then this process hands the warning to the handler it
-    # displaced (submitit's: requeue the job). Here it is only noted, and passed on to the ranks once (SLURM may
-    # have signalled them too: rank 0 holds it either way, the others ignore it).
+    # SLURM's warning (USR2, before a time limit or a preemption) is rank 0's to act on: where it waits on a step's
+    # rollouts (or at the end of a learner update) it checkpoints (every rank writes its shards) and stops; then this
+    # process hands the warning to the handler it displaced (submitit's: requeue the job). Here it is only noted,
+    # and passed on to the ranks once (SLURM may have signalled them too: rank 0 holds it either way, the others
+    # ignore it).
     warned: list[int] = []
     once = threading.Lock()
 
