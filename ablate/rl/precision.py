@@ -3,86 +3,142 @@
 `head(hidden [.., H], weight [V, H], targets [..], *, bias=None, temperature=1, operands=None, chunk_size)
 -> logp [..] float32`
 
-The logits are computed chunk by chunk (`chunk_size` rows at a time) under activation checkpointing: neither the
-forward nor the backward ever holds more than one chunk's [chunk_size, V] logits, instead of the whole [N, T, V]
-(at V = 128k and 16k tokens that is 8 GB in fp32). The log-softmax itself is always taken in fp32; what the option
+One autograd Function (`_Head`) computes the logits chunk by chunk (`chunk_size` rows at a time) and recomputes each
+chunk's in the backward: neither pass ever holds more than one chunk's [chunk_size, V] logits, instead of the whole
+[N, T, V] (at V = 128k and 16k tokens that is 8 GB in fp32), and the weight's gradient is summed over the chunks in
+one fp32 [V, H] accumulator on every device, so that however many chunks a micro-batch has, it is rounded at most
+once (docs/training.md#the-lm-heads-gradient). The log-softmax itself is always taken in fp32; what the option
 decides is the precision of the head's matmul: its operands (hidden states and weights, rounded to `operands`) and
-its sum and output (the logits), and autocast (the decoder's bf16 compute) is switched off here so that it cannot
-override it. The temperature divides the logits, as the generators do. Why the fp32 head takes bf16 operands:
-docs/peers.md#the-lm-heads-precision.
+its sum and output (the logits), and autocast (the decoder's bf16 compute) cannot override it. The temperature
+divides the logits, as the generators do. Why the fp32 head takes bf16 operands: docs/peers.md#the-lm-heads-precision.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 
-class _RoundedMatmul(torch.autograd.Function):
-    """a @ b.T with a [N, H] and b [V, H] rounded to bf16 (or fp16) and summed into fp32 on tensor cores (torch.mm's
-    out_dtype, CUDA only), which has no autograd of its own; the backward's two products likewise, the fp32 gradient
-    rounded to the operands' dtype as under autocast, each returned in its input's dtype."""
+def _wide(t: torch.Tensor) -> bool:
+    """Whether torch's GEMMs take this tensor's operands into a wider output in one kernel (torch.mm's and
+    torch.addmm's out_dtype, tensor cores for bf16 operands): on CUDA. Elsewhere the operands are upcast first, which
+    gives the same products (bf16 values are exact in fp32)."""
+    return t.device.type == "cuda"
+
+
+def _mm_wide(x: torch.Tensor, y: torch.Tensor, out: torch.dtype) -> torch.Tensor:
+    """x @ y summed into `out` in one GEMM (CUDA; tests on the CPU put the upcast product here)."""
+    return torch.mm(x, y, out_dtype=out)
+
+
+def _addmm_wide_(acc: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """acc += x @ y, the products summed into acc's dtype in one GEMM, in place (CUDA; tests put the upcast here)."""
+    return torch.addmm(acc, x, y, out_dtype=acc.dtype, out=acc)
+
+
+def _mm(x: torch.Tensor, y: torch.Tensor, out: torch.dtype) -> torch.Tensor:
+    """x @ y with its products summed into `out`."""
+    if x.dtype == y.dtype == out:
+        return torch.mm(x, y)
+    if _wide(x) and x.dtype == y.dtype:
+        return _mm_wide(x, y, out)
+    return torch.mm(x.to(out), y.to(out))
+
+
+def _addmm_(acc: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
+    """acc += x @ y, summed into acc's dtype (fp32)."""
+    if x.dtype == y.dtype == acc.dtype:
+        acc.addmm_(x, y)
+    elif _wide(x) and x.dtype == y.dtype:
+        _addmm_wide_(acc, x, y)
+    else:
+        acc.addmm_(x.to(acc.dtype), y.to(acc.dtype))
+
+
+def _held(t: torch.Tensor, operands: torch.dtype, dtype: torch.dtype) -> torch.Tensor:
+    """An operand as the products take it: rounded to `operands`; where no GEMM takes those into `dtype` directly
+    (off CUDA), upcast again (the same values). A no-op for a tensor already so."""
+    rounded = t.to(operands)
+    return rounded if _wide(t) else rounded.to(dtype) if operands.itemsize < dtype.itemsize else rounded
+
+
+class _Head(torch.autograd.Function):
+    """log softmax((h @ W.T + b) / temperature)[y] for h [M, H], W [V, H], y [M], chunked over the M rows.
+
+    Forward: each chunk's logits (its products summed into `dtype`), their log-sum-exp kept ([M] fp32). Backward: each
+    chunk's logits again, d logp / d logits = (onehot(y) - softmax) / temperature times the incoming gradient, rounded
+    to the operands' dtype as autocast's matmuls round theirs; h's gradient a chunk at a time, W's (and b's) summed
+    over the chunks into fp32 and returned so: autograd rounds it once to the weight's own dtype (none for fp32
+    masters)."""
 
     @staticmethod
-    def mm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """x @ y summed into fp32 (tests on CPU, where torch.mm has no out_dtype, put the upcast product here)."""
-        return torch.mm(x, y, out_dtype=torch.float32)
+    def forward(ctx, hidden, weight, bias, targets, dtype, operands, temperature, chunk_size):
+        h, w = _held(hidden, operands, dtype), _held(weight, operands, dtype)
+        b = None if bias is None else bias.to(dtype)
+        M = targets.shape[0]
+        lse = torch.empty(M, dtype=torch.float32, device=hidden.device)
+        logp = torch.empty(M, dtype=torch.float32, device=hidden.device)
+        for start in range(0, M, chunk_size):
+            rows = slice(start, start + chunk_size)
+            logits = _Head.logits(h[rows], w, b, dtype, temperature)
+            lse[rows] = torch.logsumexp(logits, dim=-1)
+            logp[rows] = logits.gather(-1, targets[rows, None]).squeeze(-1) - lse[rows]
+        ctx.save_for_backward(h, w, b, targets, lse)
+        ctx.dtypes = (hidden.dtype, weight.dtype, dtype, operands)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        return logp
 
-    @classmethod
-    def forward(cls, ctx, a: torch.Tensor, b: torch.Tensor, operands: torch.dtype) -> torch.Tensor:
-        a16, b16 = a.to(operands), b.to(operands)
-        ctx.save_for_backward(a16, b16)
-        ctx.dtypes = (a.dtype, b.dtype)
-        return cls.mm(a16, b16.T)
+    @staticmethod
+    def logits(h: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], dtype: torch.dtype,
+               temperature: float) -> torch.Tensor:
+        logits = _mm(h, w.T, dtype)
+        if b is not None:
+            logits = logits + b
+        return logits.float() / temperature if temperature != 1.0 else logits.float()
 
-    @classmethod
-    def backward(cls, ctx, grad: torch.Tensor):
-        a16, b16 = ctx.saved_tensors
-        g16 = grad.to(a16.dtype)
-        return cls.mm(g16, b16).to(ctx.dtypes[0]), cls.mm(g16.T, a16).to(ctx.dtypes[1]), None
-
-
-def _fused(device: torch.device, operands: torch.dtype, dtype: torch.dtype) -> bool:
-    """Whether the head's matmul takes rounded operands into a wider output in one GEMM (_RoundedMatmul): on CUDA,
-    for bf16 or fp16 operands into fp32 logits. Elsewhere the same numbers come from the rounded operands upcast."""
-    return device.type == "cuda" and operands in (torch.bfloat16, torch.float16) and dtype == torch.float32
-
-
-def _chunk(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], targets: torch.Tensor,
-           dtype: torch.dtype, operands: torch.dtype, temperature: float) -> torch.Tensor:
-    with torch.autocast(hidden.device.type, enabled=False):
-        if _fused(hidden.device, operands, dtype):
-            logits = _RoundedMatmul.apply(hidden, weight, operands)
-        else:  # bf16 values are exact in fp32: the same products, summed in fp32 (a true fp32 GEMM)
-            logits = hidden.to(operands).to(dtype) @ weight.T
-        if bias is not None:
-            logits = logits + bias.to(dtype)
-        logits = logits.float() / temperature if temperature != 1.0 else logits.float()
-    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        h, w, b, targets, lse = ctx.saved_tensors
+        hidden_dtype, _, dtype, operands = ctx.dtypes
+        want_h, want_w, want_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty(h.shape, dtype=hidden_dtype, device=h.device) if want_h else None
+        grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if want_w else None
+        grad_b = torch.zeros(w.shape[0], dtype=torch.float32, device=w.device) if want_b else None
+        for start in range(0, targets.shape[0], ctx.chunk_size):
+            rows = slice(start, start + ctx.chunk_size)
+            logits = _Head.logits(h[rows], w, b, dtype, ctx.temperature)
+            g = torch.exp(logits - lse[rows, None]).neg_()  # -softmax
+            g.scatter_add_(1, targets[rows, None], torch.ones_like(g[:, :1]))  # + onehot(y)
+            g.mul_((grad[rows] / ctx.temperature)[:, None])
+            if grad_b is not None:
+                grad_b += g.sum(dim=0)
+            g = g.to(operands)  # as autocast rounds a matmul's incoming gradient
+            if grad_h is not None:
+                grad_h[rows] = _mm(g, w, dtype)
+            if grad_w is not None:
+                _addmm_(grad_w, g.T, h[rows])
+        return grad_h, grad_w, grad_b, None, None, None, None, None
 
 
 def selected_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, dtype: torch.dtype,
                       bias: Optional[torch.Tensor] = None, operands: Optional[torch.dtype] = None,
                       temperature: float = 1.0, chunk_size: int = 1024) -> torch.Tensor:
     """log softmax((hidden @ weight.T + bias) / temperature)[targets], the matmul's operands rounded to `operands`
-    (None: `dtype`) and its products summed into `dtype`, the logits; chunked over rows."""
+    (None: `dtype`) and its products summed into `dtype`, the logits; chunked over rows (`_Head`)."""
     operands = operands or dtype
+    if operands == torch.float16:
+        raise ValueError("the LM head with float16 operands: its gradient would be rounded to fp16 with no loss "
+                         "scale, and small ones flushed to zero; compute in bfloat16 (model.dtype=bfloat16)")
     shape = targets.shape
     flat_h, flat_y = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
-    grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    # once, not per chunk: the whole [V, H] head (a no-op when it is already in that dtype)
-    weight = weight.to(operands) if _fused(hidden.device, operands, dtype) else weight.to(operands).to(dtype)
-    bias = None if bias is None else bias.to(dtype)
-    out = []
-    for start in range(0, flat_y.numel(), chunk_size):
-        args = (flat_h[start:start + chunk_size], weight, bias, flat_y[start:start + chunk_size], dtype, operands,
-                temperature)
-        out.append(checkpoint(_chunk, *args, use_reentrant=False) if grad else _chunk(*args))
-    if not out:
+    if flat_y.numel() == 0:
         return torch.zeros(shape, dtype=torch.float32, device=hidden.device)
-    return torch.cat(out).reshape(shape)
+    off = torch.amp.is_autocast_available(hidden.device.type)  # autocast cannot override the option's dtypes
+    with torch.autocast(hidden.device.type, enabled=False) if off else contextlib.nullcontext():
+        logp = _Head.apply(flat_h, weight, bias, flat_y, dtype, operands, float(temperature), chunk_size)
+    return logp.reshape(shape)
 
 
 def fp32_head(hidden, weight, targets, *, bias=None, temperature: float = 1.0, operands=None, chunk_size: int = 1024,
