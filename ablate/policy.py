@@ -127,12 +127,54 @@ def build_policy(model: DictConfig, seed: int = 0, tokenizer=None, *, read_weigh
     import transformers
 
     if model.path and read_weights:
-        return transformers.AutoModelForCausalLM.from_pretrained(checkpoint(model), config=model_config(model),
-                                                                 dtype=dtype, **hub_args(model)).to(device_of(model))
+        built = transformers.AutoModelForCausalLM.from_pretrained(checkpoint(model), config=model_config(model),
+                                                                  dtype=dtype, **hub_args(model)).to(device_of(model))
+        return linear_attention(built, compute_dtype(model))
     config = model_config(model, tokenizer)
     torch.manual_seed(seed)
     with torch.device(device_of(model)):  # made where it runs (no CPU copy of a GPU model first)
-        return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+        return linear_attention(transformers.AutoModelForCausalLM.from_config(config, dtype=dtype),
+                                compute_dtype(model))
+
+
+SDPA_LINEAR = "ablate_sdpa_linear"  # the name `linear_attention` registers its attention function under
+
+
+def _sdpa_linear(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
+                 **kwargs):
+    """transformers' sdpa attention, but for fp32 queries with grouped K/V and no mask (the trainer's forward in
+    fp32 compute): K/V repeated to the query's heads first. SDPA given grouped K/V (`enable_gqa`) has only its math
+    kernel for fp32 (FlashAttention takes bf16/fp16, the memory-efficient kernel refuses grouped K/V), which builds
+    [N, heads, L, L] scores: 34 GB for one 16k-token row at 32 heads. Repeated, the memory-efficient kernel runs,
+    linear in L (docs/design.md#attention-kernels)."""
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+    groups = query.shape[1] // key.shape[1]
+    if query.dtype != torch.float32 or groups == 1 or attention_mask is not None or key.shape[2] != query.shape[2]:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    causal = query.shape[2] > 1 and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    out = torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key, groups), repeat_kv(value, groups),
+                                                           dropout_p=dropout, scale=scaling, is_causal=causal)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def linear_attention(model: torch.nn.Module, compute: torch.dtype) -> torch.nn.Module:
+    """`model` with its attention through `_sdpa_linear` where that matters: it computes in fp32, its K/V heads are
+    grouped, and it runs transformers' sdpa (a model set to another implementation keeps it). Registered in
+    transformers' attention and mask interfaces (the mask as sdpa's) on first use."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    config = model.config
+    heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or \
+        config.num_attention_heads
+    if compute != torch.float32 or kv_heads == heads or getattr(config, "_attn_implementation", None) != "sdpa":
+        return model
+    AttentionInterface.register(SDPA_LINEAR, _sdpa_linear)
+    AttentionMaskInterface.register(SDPA_LINEAR, sdpa_mask)
+    model.set_attn_implementation(SDPA_LINEAR)
+    return model
 
 
 def overrides(model: DictConfig) -> dict:
@@ -202,7 +244,8 @@ def completion_logprobs(model: torch.nn.Module, prompt_tokens: torch.Tensor, pro
     columns = (at[None, :] + (P - real)[:, None]).clamp(max=P + T - 1)  # row i's column j: column j + its padding
     aligned = torch.cat([prompt_tokens, tokens], dim=1).gather(1, columns)
     with autocast(tokens.device, compute_dtype):
-        hidden = model.get_decoder()(input_ids=aligned, position_ids=at[None, :].expand(N, L)).last_hidden_state
+        hidden = model.get_decoder()(input_ids=aligned, position_ids=at[None, :].expand(N, L),
+                                     use_cache=False).last_hidden_state  # no K/V copied into a cache nobody reads
     # the state at position p predicts the token at p + 1: completion token t of row i at real_i - 1 + t
     where = (real[:, None] - 1 + steps[None, :]).clamp(max=L - 1)
     predicting = hidden.gather(1, where[:, :, None].expand(N, T, hidden.shape[-1]))
