@@ -108,8 +108,8 @@ class _Head(torch.autograd.Function):
         grad_b = torch.zeros(w.shape[0], dtype=torch.float32, device=w.device) if want_b else None
         for start in range(0, targets.shape[0], ctx.chunk_size):
             rows = slice(start, start + ctx.chunk_size)
-            logits = _Head.logits(h[rows], w, b, dtype, ctx.temperature)
-            g = torch.exp(logits - lse[rows, None]).neg_()  # -softmax
+            g = _Head.logits(h[rows], w, b, dtype, ctx.temperature)  # the chunk's logits, recomputed
+            g.sub_(lse[rows, None]).exp_().neg_()  # -softmax, in their place
             g.scatter_add_(1, targets[rows, None], torch.ones_like(g[:, :1]))  # + onehot(y)
             g.mul_((grad[rows] / ctx.temperature)[:, None])
             if grad_b is not None:
