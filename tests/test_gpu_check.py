@@ -22,16 +22,27 @@ def test_without_a_gpu_it_prints_its_plan_and_exits_0():
     out = subprocess.run([sys.executable, "bench/gpu_check.py"], cwd=ROOT, capture_output=True, text=True,
                          env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("0 GPU(s) here: 0 of 7 steps fit")
+    assert out.stdout.startswith("0 GPU(s) here: 0 of 8 steps fit")
     assert "FSDP over NCCL + vLLM engine processes" in out.stdout and ">= 3" in out.stdout
 
 
 def test_the_plan_fits_the_devices_and_every_step_names_what_exists():
     check = _module()
-    assert [s.gpus for s in check.plan(1)] == [1, 1, 1, 1, 1, 1] and len(check.plan(4)) == 7 and check.plan(0) == []
+    assert [s.gpus for s in check.plan(1, everything=True)] == [1] * 7 and len(check.plan(4, everything=True)) == 8
+    assert check.plan(0) == [] and check.plan(4) == check.plan(1) == [s for s in check.STEPS if not s.more]
     for step in check.STEPS:
         paths = [part for part in step.command if part.startswith(("tests/", "bench/"))]
         assert paths and all((ROOT / p).exists() for p in paths), step.name
+
+
+def test_the_default_plan_and_one_rerun_fit_a_leases_15_minutes():
+    """A lent GPU is 15 minutes of device time, the machine's start (1-2 minutes, measured) included: the default
+    plan's step limits add up to its budget, the first step (what only a GPU can show) takes at most 3 minutes, and
+    the plan run twice, each on a fresh start, fits (before, its limits added up to 990 s against a 540-s budget)."""
+    check = _module()
+    core = check.plan(1)
+    assert core[0].command[1] == "bench/gpu_first.py" and core[0].budget_s <= 180
+    assert sum(s.budget_s for s in core) <= check.CORE_S and 2 * (check.CORE_S + 120) <= 15 * 60
 
 
 def test_each_step_leaves_its_whole_output_in_the_logs_folder_even_when_it_runs_out_of_time(tmp_path):
