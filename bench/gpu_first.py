@@ -212,7 +212,8 @@ def fsdp_one_rank(checks: Checks, device: torch.device, small: bool) -> None:
     keep = torch.ones(ro.n, dtype=torch.bool, device=device)
     results = []
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
-                            world_size=1, device_id=device if device.type == "cuda" else None)
+                            world_size=1, device_id=torch.device("cuda", torch.cuda.current_device())
+                            if device.type == "cuda" else None)
     try:
         for ranks in (None, FSDP(trainer_gpus=1)):
             learner = Learner(cfg, build_policy(cfg.model, read_weights=False), ranks=ranks)

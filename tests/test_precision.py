@@ -176,6 +176,9 @@ def test_the_temperature_divides_the_logits_as_the_generators_do():
                                    rtol=0, atol=1e-5)
 
 
+WIDE_KERNELS = (precision._mm_wide, precision._addmm_wide_)  # CUDA's, as precision has them
+
+
 @pytest.fixture
 def tensor_cores(monkeypatch):
     """The CUDA branch of the head on the CPU: operands held in bf16 and every product taken by the wide GEMMs
@@ -206,8 +209,10 @@ def test_the_cuda_branch_emulated_gives_the_upcast_paths_values_and_gradients(te
     for a, b in zip(emulated, upcast):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
     with pytest.MonkeyPatch.context() as real:  # torch's own wide kernels, on meta: shapes and dtypes
-        real.setattr(precision, "_mm_wide", lambda x, y, out: torch.mm(x, y, out_dtype=out))
-        real.setattr(precision, "_addmm_wide_", lambda acc, x, y: torch.addmm(acc, x, y, out_dtype=acc.dtype, out=acc))
+        real.setattr(precision, "_mm_wide", WIDE_KERNELS[0])
+        real.setattr(precision, "_addmm_wide_", WIDE_KERNELS[1])
+        if torch.__version__ < (2, 13):  # 2.11's meta addmm.dtype_out takes the dtype for a scalar (CUDA's is right)
+            real.setattr(precision, "_addmm_wide_", lambda acc, x, y: acc.add_(torch.mm(x, y, out_dtype=acc.dtype)))
         h = torch.randn(6, 8, device="meta", requires_grad=True)
         w = torch.randn(5, 8, device="meta", dtype=torch.bfloat16, requires_grad=True)
         logp = precision.fp32_head(h, w, torch.zeros(6, dtype=torch.long, device="meta"), operands=torch.bfloat16)
