@@ -1,15 +1,19 @@
 """The memory model: the bytes each process of a layout holds on its GPU at its peak, part by part, from the model's
-shape and the run's settings (checked before submit: ablate.checks.check_memory; priced at scale:
-bench/bench_cluster.py). An estimate, not a measurement: what the parts are and where they come from is in
-docs/design.md#the-memory-model; bench/gpu_check.py compares it with a GPU's measured peak.
+shape and the run's settings, and the part that takes the room where one does not fit (checked before submit:
+ablate.checks.check_memory; priced at scale: bench/bench_cluster.py). An estimate, not a measurement: what the parts
+are and where they come from is in docs/design.md#the-memory-model; bench/gpu_check.py compares it with a GPU's
+measured peak.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 GB = 1e9
+MiB = 2**20
 HEAD_CHUNK = 1024  # rows of logits the LM head computes at once (ablate/rl/precision.py)
+VLLM_SHARE = "vLLM (gpu_memory_utilization)"  # an engine's part: vLLM's share of its GPU
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,13 @@ class Shape:
     def params(self) -> int:
         return self.layers * self.layer_params + self.root_params
 
+    def tensors(self) -> list[int]:
+        """Each weight tensor's elements, in the order a transformers Llama makes them: the embeddings; per layer
+        q, k, v, o, gate, up, down and the two norms; the final norm; the LM head unless tied."""
+        h, kv, i = self.hidden, self.kv_dim, self.intermediate
+        layer = [h * h, kv * h, kv * h, h * h, i * h, i * h, h * i, h, h]
+        return [self.vocab * h, *layer * self.layers, h] + ([] if self.tied else [self.vocab * h])
+
 
 def layer_activation_bytes(shape: Shape, compute: int) -> int:
     """Bytes autograd keeps per token for one HF Llama decoder layer as the trainer computes it, with a fused
@@ -74,12 +85,31 @@ def kv_bytes_per_token(shape: Shape, compute: int) -> int:
     return 2 * shape.layers * shape.kv_dim * compute
 
 
+# the setting that gives back a part's room, for the memory check's refusal (Process.overflow); the parts not here
+# are fixed by the model's shape and the layout
+SHRINKS = {
+    "activations": "lower train.micro_batch_tokens (and set train.activation_checkpointing=true if it is not)",
+    "weights, gradients and AdamW state": "shard them over more trainer ranks (run=fsdp, run.trainer_gpus)",
+    "whole fp32 gradient (run.sharded_gradients=false)": "set run.sharded_gradients=true",
+    "whole copy of the policy (fp32)": "give the engines processes of their own (run.generator_gpus >= 1)",
+    "generator's KV cache": "lower generator.max_waves, or more engines (run.generator_gpus)",
+    "staging copy of the weights": "set generator.weight_transfer=direct (vLLM then takes the weights as they come: "
+                                   "no staging copy; PipelineRL only), or a smaller model",
+    "staging copy's fragmentation": "set generator.weight_transfer=direct (no staging copy; PipelineRL only)",
+    "validation's KV cache (our engine; generator.val_wave_rows)": "lower generator.val_wave_rows",
+    VLLM_SHARE: "lower generator.gpu_memory_utilization",
+}
+
+
 @dataclass
 class Process:
-    """One process of a layout on its GPU: its parts in bytes, largest first when read through `parts`."""
+    """One process of a layout on its GPU: its parts in bytes, largest first when read through `parts`; `sized`:
+    the parts sized to the room the others leave (vLLM's share with generator.gpu_memory_utilization unset), which
+    are at their least when the process does not fit."""
 
     name: str  # "trainer rank 0", "a trainer rank", "an engine process"
     bytes: dict[str, float] = field(default_factory=dict)
+    sized: tuple[str, ...] = ()
 
     @property
     def total(self) -> float:
@@ -94,6 +124,30 @@ class Process:
         of = f" of {gpu_gb:g}" if gpu_gb else ""
         parts = ", ".join(f"{name} {b / GB:,.1f}" for name, b in self.parts if b >= 0.05 * GB or len(self.bytes) < 3)
         return f"{self.name}: ~{self.total / GB:,.1f} GB{of} ({parts})"
+
+    def takes_the_room(self) -> tuple[str, float]:
+        """The part that takes the room when the process does not fit: the largest a setting can shrink
+        (`SHRINKS`), the sized ones aside; the largest of all where none can."""
+        movable = [(name, b) for name, b in self.parts if name in SHRINKS and name not in self.sized]
+        return (movable or self.parts)[0]
+
+    def overflow(self, gpu_bytes: float) -> str:
+        """Why the process does not fit a GPU of `gpu_bytes`, in one line: its parts summed, the part that takes the
+        room and the setting that gives it back: 'each engine process: vLLM (gpu_memory_utilization) 22.2 + staging
+        copy of the weights 16.1 + ... = 39.6 GB > 36 GB; the part that takes the room: staging copy of the weights,
+        16.1 GB; set generator.weight_transfer=direct ...'."""
+        shown = [(name, b) for name, b in self.parts if b >= 0.05 * GB]
+        rest = self.total - sum(b for _, b in shown)
+        terms = [f"{name} {b / GB:,.1f}" for name, b in shown] + ([f"smaller parts {rest / GB:,.2f}"] if rest else [])
+        part, size = self.takes_the_room()
+        if part == VLLM_SHARE:  # set by hand: the most it may have beside the rest, rounded down
+            most = math.floor(100 * (gpu_bytes - self.total + size) / gpu_bytes) / 100
+            fix = (f"set generator.gpu_memory_utilization={most:.2f} or less (the room the rest leaves it), or unset "
+                   "it to size it to that room")
+        else:
+            fix = SHRINKS.get(part, "a GPU with more memory (launcher.gpu_memory_gb) or a smaller model")
+        return (f"{self.name}: {' + '.join(terms)} = {self.total / GB:,.1f} GB > {gpu_bytes / GB:g} GB; the part "
+                f"that takes the room: {part}, {size / GB:,.1f} GB; {fix}")
 
 
 def longest_row(generation) -> int:
@@ -116,21 +170,46 @@ def micro_batch_tokens(rows: int, cap: int, row_tokens: float) -> float:
     return rows * row_tokens
 
 
+def head_backward(shape: Shape, *, micro_tokens: float, compute: int, head: int,
+                  chunk: int = HEAD_CHUNK) -> dict[str, float]:
+    """The LM head's part of a trainer rank's peak, at the start of its backward (ablate/rl/precision.py's `_Head`,
+    as it runs on CUDA), part by part: the fp32 [V, H] accumulator the weight's gradient is summed into over the
+    chunks (which becomes that gradient); the hidden states' fp32 gradient [N, H]; where the operands are narrower
+    than fp32 (`min(compute, head)` bytes: bf16 under bf16 compute), the weight and the hidden states rounded to them
+    once in the forward and kept for the backward; and one chunk of `chunk` rows at its peak, per row and vocabulary
+    entry its fp32 logits (made the softmax's gradient in place), the previous chunk's gradient in the operands'
+    dtype (still held as they are computed), and logits narrower than fp32 (the bf16 head's) before their fp32 copy:
+    4 + 2 bytes for the fp32 head on bf16 operands. tests/test_memory.py holds it to the live bytes of the real
+    Function on that path."""
+    v, h = shape.vocab, shape.hidden
+    operands = min(compute, head)
+    parts = {"LM head's backward: fp32 accumulator of the weight's gradient": 4 * v * h,
+             "LM head's backward: hidden states' gradient": 4 * micro_tokens * h}
+    if operands < 4:
+        parts["LM head's backward: weight in the operands' dtype"] = operands * v * h
+        parts["LM head's backward: hidden states in the operands' dtype"] = operands * micro_tokens * h
+    entry = 4 + operands + (head if head < 4 else 0)
+    parts["LM head's backward: a chunk's logits, softmax and gradient"] = min(chunk, micro_tokens) * v * entry
+    return parts
+
+
 def trainer(shape: Shape, *, ranks: int, micro_tokens: float, checkpointing: bool, compute: int, head: int,
             sharded_gradients: bool = True, name: str = "a trainer rank") -> Process:
-    """A trainer rank at its peak, the backward of a micro-batch of `micro_tokens` tokens: fp32 masters, AdamW's two
-    moments and the fp32 gradients, sharded over `ranks`; under FSDP (ranks > 1) two layers gathered in the compute
-    dtype and one layer's gradients before their reduce-scatter (and its fp32 copy for it), the root gathered in fp32
-    with its gradient, and (run.sharded_gradients=false) a whole fp32 gradient; in one process in bf16, autocast's
+    """A trainer rank at its peak, the start of the backward of a micro-batch of `micro_tokens` tokens: fp32
+    masters, AdamW's two moments and the fp32 gradients, sharded over `ranks`; under FSDP (ranks > 1) two layers
+    gathered in the compute dtype and one layer's gradients before their reduce-scatter (and its fp32 copy for it),
+    the root gathered in fp32 with the gradients of its embeddings and norm (the head's is the accumulator of
+    `head_backward`), and (run.sharded_gradients=false) a whole fp32 gradient; in one process in bf16, autocast's
     copies of the matmuls' weights; the activations (with activation checkpointing every layer's fp32 input and one
-    layer recomputed whole); the LM head's fp32 inputs, its weight in the compute dtype and one chunk of its logits
-    (`head` bytes a float) with their gradient."""
+    layer recomputed whole); the LM head's fp32 inputs (the final norm's output) and its backward
+    (`head_backward`; `head` bytes a float of its logits)."""
     n = shape.params
     p = Process(name)
     p.bytes["weights, gradients and AdamW state"] = 16 * n / ranks
     if ranks > 1:
         p.bytes["gathered layers"] = shape.layer_params * (2 * compute + compute + 4)
-        p.bytes["gathered embeddings and head"] = 2 * 4 * shape.root_params
+        head_weight = shape.vocab * shape.hidden
+        p.bytes["gathered embeddings and head"] = 4 * shape.root_params + 4 * (shape.root_params - head_weight)
         if not sharded_gradients:
             p.bytes["whole fp32 gradient (run.sharded_gradients=false)"] = 4 * n
     elif compute < 4:
@@ -138,12 +217,9 @@ def trainer(shape: Shape, *, ranks: int, micro_tokens: float, checkpointing: boo
     per_layer = layer_activation_bytes(shape, compute)
     kept = shape.layers * 4 * shape.hidden + per_layer if checkpointing else shape.layers * per_layer
     p.bytes["activations"] = micro_tokens * kept
-    # the head's inputs, the final norm's output over the fp32 residual stream, kept for its backward; its weight
-    # rounded once to the compute dtype (ablate/rl/precision.py); one chunk of its fp32 logits and their gradient
+    # the head's inputs, the final norm's output over the fp32 residual stream, kept for its backward
     p.bytes["LM head's inputs"] = micro_tokens * shape.hidden * 4
-    if compute < 4:
-        p.bytes["LM head's weight in the compute dtype"] = compute * shape.vocab * shape.hidden
-    p.bytes["LM head chunk"] = 2 * HEAD_CHUNK * shape.vocab * max(head, 4)
+    p.bytes.update(head_backward(shape, micro_tokens=micro_tokens, compute=compute, head=head))
     return p
 
 
@@ -154,15 +230,70 @@ def torch_engine(shape: Shape, *, compute: int, copies: int, rows: float, row_to
             "generator's KV cache": rows * row_tokens * kv_bytes_per_token(shape, compute)}
 
 
+def cached_bytes(sizes: list[int]) -> int:
+    """What torch's CUDA caching allocator reserves for tensors of these sizes (bytes), made in this order from an
+    empty cache, as c10/cuda/CUDACachingAllocator.cpp lays them out: sizes rounded up to 512 bytes; up to 1 MiB from
+    2 MiB segments, up to 10 MiB from 20 MiB ones, larger rounded up to 2 MiB, each new segment only when no free
+    block of its pool holds the tensor (the smallest that does is split: a small one down to 512 bytes, a large one
+    while more than 1 MiB is left)."""
+    pools: dict[bool, list[int]] = {True: [], False: []}  # small?: free blocks' sizes
+    reserved = 0
+    for size in sizes:
+        size = max(512, -(-size // 512) * 512)
+        small = size <= MiB
+        free = [b for b in pools[small] if b >= size]
+        if free:
+            block = min(free)
+            pools[small].remove(block)
+        else:
+            block = 2 * MiB if small else 20 * MiB if size < 10 * MiB else -(-size // (2 * MiB)) * 2 * MiB
+            reserved += block
+        if block - size >= 512 if small else block - size > MiB:
+            pools[small].append(block - size)
+    return reserved
+
+
+def staging_slack(shape: Shape, compute: int) -> float:
+    """The staging copy's fragmentation: what the allocator reserves for its tensors (`cached_bytes`, made one by
+    one as ablate/generators/remote.py builds the policy) beyond their bytes: at 8B, each layer's K and V (8 MiB
+    each) share a 20 MiB segment, 4 MiB of it left over: 136 MB in all."""
+    sizes = [compute * n for n in shape.tensors()]
+    return float(cached_bytes(sizes) - sum(sizes))
+
+
 VLLM_WORKSPACE = 4 * GB  # vLLM's share beyond its weights and KV cache: its profiled batch's activations, CUDA
 # graphs, the sampler (an estimate, docs/design.md#the-memory-model)
-OUTSIDE_VLLM = 2 * GB  # an engine process's memory outside vLLM's share: the CUDA context, NCCL's buffers
+# An engine process's memory outside vLLM's share (docs/design.md#the-memory-model). The CUDA context: a stated figure,
+# not measured here. PyTorch's maintainers give ~0.3-0.4 GB for a context whose kernels load lazily (CUDA >= 11.7:
+# pytorch/pytorch#107667, #109888); an engine process loads more into it (NCCL's, our engine's); 0.5 GB, the figure
+# given for an H100 with torch 2.11 / CUDA 13.
+CUDA_CONTEXT = 0.5 * GB
+# NCCL's buffers in the weights group (rank 0 and every engine process; broadcasts, which NCCL runs on rings only), as
+# NCCL 2.2x sizes them (src/init.cc, src/transport/p2p.cc): per channel the receiving connection's LL (512 KiB), LL128
+# (4.6875 MiB) and SIMPLE (NCCL_BUFFSIZE, 4 MiB) buffers, 10 MiB in cuMem's 2 MiB granules, and the sending one's 2
+# MiB; for 32 channels, the most NCCL logs show on an 8-GPU H100 node (16-24 collective, 32 peer-to-peer)
+NCCL_RING = 32 * (10 + 2) * MiB
+# and NVLink SHARP's (NVSwitch nodes; NCCL_NVLS_ENABLE=0: none): NVLS_NCHANNELS (16 on an H100) x 2 x NCCL_STEPS (8)
+# x NCCL_NVLS_CHUNKSIZE (128 KiB) x one head per GPU of the node (8), src/transport/nvls.cc, and a 2 MiB granule of
+# credits. The broadcasts never use it, and NCCL >= 2.22 (NCCL_RUNTIME_CONNECT=1) sets it up at an NVLS algorithm's
+# first use only: counted in case it is set up at init (NCCL_RUNTIME_CONNECT=0, an older NCCL)
+NCCL_NVLS = 16 * 2 * 8 * 128 * 1024 * 8 + 2 * MiB
 
 
-def vllm_engine(*, gpu_bytes: float, utilization: float) -> dict[str, float]:
+def outside_vllm(*, weights_group: bool = True) -> dict[str, float]:
+    """What an engine's process holds outside vLLM's share, whatever it stages: the CUDA context, and in an engine
+    process of its own NCCL's buffers of the weights group (beside trainer rank 0 the engine has none of its own)."""
+    parts = {"CUDA context": CUDA_CONTEXT}
+    if weights_group:
+        parts["NCCL's ring buffers (weights group)"] = NCCL_RING
+        parts["NCCL's NVLS buffers (NVSwitch nodes)"] = NCCL_NVLS
+    return parts
+
+
+def vllm_engine(*, gpu_bytes: float, utilization: float, weights_group: bool = True) -> dict[str, float]:
     """vLLM's share of the GPU (gpu_memory_utilization, of the memory the device reports: its weights, activations
-    and KV cache) and the CUDA context and NCCL's buffers beside it."""
-    return {"vLLM (gpu_memory_utilization)": utilization * gpu_bytes, "CUDA context and NCCL": OUTSIDE_VLLM}
+    and KV cache) and what the process holds outside it (`outside_vllm`)."""
+    return {VLLM_SHARE: utilization * gpu_bytes, **outside_vllm(weights_group=weights_group)}
 
 
 def vllm_share(shape: Shape, *, compute: int, gpu_bytes: float, rows: float, row_tokens: float, beside: float,
@@ -170,13 +301,15 @@ def vllm_share(shape: Shape, *, compute: int, gpu_bytes: float, rows: float, row
     """The gpu_memory_utilization an engine process gives vLLM when it is unset: what its rows need (its weights,
     the KV cache of `rows` rows at `row_tokens`, its workspace; a tensor-parallel rank's share), as far as the GPU
     has room beside the process's other parts (`beside` bytes: the staging copy, a validation cache) and what lives
-    outside vLLM, and never less than its weights and workspace with one row's cache (where even that has no room,
-    the memory check names what took it). vLLM's unit: the GPU's memory as the device reports it (`gpu_bytes`)."""
+    outside vLLM (`outside_vllm`), and never less than its weights and workspace with one row's cache (where even that
+    has no room, the memory check names what took it). vLLM's unit: the GPU's memory as the device reports it
+    (`gpu_bytes`)."""
     def share(rows: float) -> float:
         return (compute * shape.params + rows * row_tokens * kv_bytes_per_token(shape, compute)) / tensor_parallel \
             + VLLM_WORKSPACE
 
-    return max(min(share(rows), gpu_bytes - OUTSIDE_VLLM - beside), share(1)) / gpu_bytes
+    outside = sum(outside_vllm().values())
+    return max(min(share(rows), gpu_bytes - outside - beside), share(1)) / gpu_bytes
 
 
 def vllm_room(shape: Shape, *, compute: int, gpu_bytes: float, utilization: float, tensor_parallel: int = 1) -> float:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ablate.cost import ANCHOR_GEN_TOKENS_PER_S, ANCHOR_PARAMS, PAPER_GPU_HOURS, Throughput, Work  # noqa: E402
 from ablate.cost import simulate as run_clock  # noqa: E402
 from ablate.memory import (GB, Process, Shape, kv_bytes_per_token, layer_activation_bytes,  # noqa: E402
-                           micro_batch_tokens, trainer, vllm_engine, vllm_room)
+                           micro_batch_tokens, staging_slack, trainer, vllm_engine, vllm_room)
 from ablate.offpolicy import PipelineRL, PPOOffPolicy  # noqa: E402
 
 SETTLED = Path(__file__).resolve().parent / "adaptive_settle.json"
@@ -169,7 +169,8 @@ def print_memory(a, shape: Shape) -> None:
     room = vllm_room(shape, compute=2, gpu_bytes=a.gpu_gb * GB, utilization=a.utilization)
     fits = max(room, 0.0) / (kv_bytes_per_token(shape, 2) * (a.prompt_len + a.completion))
     parts = vllm_engine(gpu_bytes=a.gpu_gb * GB, utilization=a.utilization)
-    engine = Process("generator", parts if a.direct else {**parts, "staging copy of the weights": 2 * shape.params})
+    staged = {"staging copy of the weights": 2 * shape.params, "staging copy's fragmentation": staging_slack(shape, 2)}
+    engine = Process("generator", parts if a.direct else {**parts, **staged})
     print(f"  {engine.describe(a.gpu_gb)}; vLLM's {a.utilization:g} of the GPU leaves at most {room / GB:.0f} GB of "
           f"KV cache: {fits:.0f} sequences of {a.prompt_len + a.completion:,.0f} tokens at once, of the "
           f"{rows_at_once:.0f} its {a.waves} waves start (the rest wait for room)")

@@ -183,14 +183,22 @@ def test_the_memory_model_adds_up_a_trainer_and_a_generator_gpu_by_hand():
     assert shape.layer_matmul_params == 576 and shape.params == 1352
     assert memory.layer_activation_bytes(shape, 2) == 400 and memory.layer_activation_bytes(shape, 4) == 560
     # 4 FSDP ranks, bf16, 1e6 tokens: 16 x 1,352 / 4 of state; two layers gathered in bf16 and one's gradients in
-    # bf16 and fp32, 592 x (4 + 2 + 4); the root and its gradient in fp32, 8 x 168; 2 x 400 x 1e6 of activations
-    # (with checkpointing: every layer's fp32 input, 2 x 32, and one layer, 400); the head's fp32 inputs, 1e6 x 8 x 4,
-    # its weight in bf16, 2 x 10 x 8; 2 x 1024 x 10 x 4 of head chunk
+    # bf16 and fp32, 592 x (4 + 2 + 4); the root in fp32, 4 x 168, with its embeddings' and norm's gradients, 4 x 88;
+    # 2 x 400 x 1e6 of activations (with checkpointing: every layer's fp32 input, 2 x 32, and one layer, 400); the
+    # head's fp32 inputs, 1e6 x 8 x 4; its backward (bf16 operands into the fp32 head): the fp32 accumulator of its
+    # weight's gradient (the root's last gradient), 4 x 80; the hidden states' fp32 gradient, 1e6 x 8 x 4; the weight
+    # and the hidden states in bf16, 2 x 80 and 2 x 1e6 x 8; a chunk of 1,024 rows at 4 + 2 bytes an entry, x 10
     bare = memory.trainer(shape, ranks=4, micro_tokens=1e6, checkpointing=False, compute=2, head=4)
+    head = {"LM head's backward: fp32 accumulator of the weight's gradient": 320,
+            "LM head's backward: hidden states' gradient": 3.2e7,
+            "LM head's backward: weight in the operands' dtype": 160,
+            "LM head's backward: hidden states in the operands' dtype": 1.6e7,
+            "LM head's backward: a chunk's logits, softmax and gradient": 1024 * 10 * 6}
     assert bare.bytes == {"weights, gradients and AdamW state": 5408, "gathered layers": 5920,
-                          "gathered embeddings and head": 1344, "activations": 8e8, "LM head's inputs": 3.2e7,
-                          "LM head's weight in the compute dtype": 160, "LM head chunk": 81920}
-    assert bare.parts[0] == ("activations", 8e8) and bare.total == 8e8 + 5408 + 5920 + 1344 + 3.2e7 + 160 + 81920
+                          "gathered embeddings and head": 672 + 352, "activations": 8e8, "LM head's inputs": 3.2e7,
+                          **head}
+    assert bare.parts[0] == ("activations", 8e8)
+    assert bare.total == 8e8 + 5408 + 5920 + 1024 + 3.2e7 + 320 + 3.2e7 + 160 + 1.6e7 + 61440
     assert memory.trainer(shape, ranks=4, micro_tokens=1e6, checkpointing=True, compute=2,
                           head=4).bytes["activations"] == 1e6 * (2 * 32 + 400)
     whole = memory.trainer(shape, ranks=4, micro_tokens=1, checkpointing=False, compute=2, head=4,
@@ -198,18 +206,29 @@ def test_the_memory_model_adds_up_a_trainer_and_a_generator_gpu_by_hand():
     assert whole.bytes["whole fp32 gradient (run.sharded_gradients=false)"] == 4 * 1352
     one = memory.trainer(shape, ranks=1, micro_tokens=1, checkpointing=False, compute=2, head=2)
     assert one.bytes["autocast's copies of the weights"] == 2 * 2 * 576 and "gathered layers" not in one.bytes
+    # the bf16 head: one row's chunk, its fp32 logits, the gradient in bf16 and the logits in bf16 before their copy
+    assert one.bytes["LM head's backward: a chunk's logits, softmax and gradient"] == 1 * 10 * (4 + 2 + 2)
+    fp32 = memory.trainer(shape, ranks=1, micro_tokens=1, checkpointing=False, compute=4, head=4)
+    assert not any("operands' dtype" in part for part in fp32.bytes)  # fp32 operands: no rounded copies
     assert one.bytes["weights, gradients and AdamW state"] == 16 * 1352
     # engines: 1,352 bf16 weights, twice in an engine process, and a KV cache of 2 x 2 layers x 4 x 2 = 32 B a token
     assert memory.torch_engine(shape, compute=2, copies=2, rows=12, row_tokens=1000) == {
         "generator's weights": 2 * 2 * 1352, "generator's KV cache": 12 * 1000 * 32}
+    # outside vLLM's share: the CUDA context (0.5 GB) and, in an engine process of its own, NCCL's buffers of the
+    # weights group: 32 ring channels of 10 + 2 MiB, and NVLS's 16 channels x 2 x 8 steps x 128 KiB x 8 heads + 2 MiB
+    ring, nvls = 32 * 12 * 2**20, 16 * 2 * 8 * 128 * 1024 * 8 + 2 * 2**20
     assert memory.vllm_engine(gpu_bytes=10e9, utilization=0.5) == {
-        "vLLM (gpu_memory_utilization)": 5e9, "CUDA context and NCCL": memory.OUTSIDE_VLLM}
+        "vLLM (gpu_memory_utilization)": 5e9, "CUDA context": 0.5e9, "NCCL's ring buffers (weights group)": ring,
+        "NCCL's NVLS buffers (NVSwitch nodes)": nvls}
+    assert memory.vllm_engine(gpu_bytes=10e9, utilization=0.5, weights_group=False) == {
+        "vLLM (gpu_memory_utilization)": 5e9, "CUDA context": 0.5e9}
     # unset, vLLM's share: what 12 rows of 1e8 tokens need, 2 x 1,352 + 12 x 1e8 x 32 = 38.4 GB and the 4 GB workspace,
-    # 42.4 GB of a 100 GB GPU; of a 20 GB one, all the room beside the 2 GB outside vLLM and 3 GB beside it (a staging
-    # copy, a validation cache), 15 GB: 0.75; of a 10 GB one, the least vLLM runs with, one row: 3.2 + 4 GB, 0.72
+    # 42.4 GB of a 100 GB GPU; of a 20 GB one, all the room beside what lives outside vLLM (0.5 GB + 402,653,184 +
+    # 270,532,608) and 3 GB beside it (a staging copy, a validation cache), 15.83 GB: 0.79; of a 10 GB one, the least
+    # vLLM runs with, one row: 3.2 + 4 GB, 0.72
     share = functools.partial(memory.vllm_share, shape, compute=2, rows=12, row_tokens=1e8, beside=3e9)
     assert share(gpu_bytes=100e9) == pytest.approx((2 * 1352 + 12 * 1e8 * 32 + memory.VLLM_WORKSPACE) / 100e9)
-    assert share(gpu_bytes=20e9) == pytest.approx(0.75)
+    assert share(gpu_bytes=20e9) == pytest.approx((20e9 - 0.5e9 - ring - nvls - 3e9) / 20e9)
     assert share(gpu_bytes=10e9) == pytest.approx((2 * 1352 + 1e8 * 32 + memory.VLLM_WORKSPACE) / 10e9)
     assert memory.vllm_room(shape, compute=2, gpu_bytes=1e4, utilization=0.25, tensor_parallel=2) == 2500 - 1352
     assert memory.micro_batch_tokens(8, 65536, 16384) == 4 * 16384 and memory.micro_batch_tokens(8, 0, 100) == 800

@@ -130,14 +130,18 @@ class VLLMGenerator(PipelineGenerator):
 
     @classmethod
     def _beside_vllm(cls, cfg, shape, *, processes: int) -> dict[str, float]:
-        """What an engine's GPU holds beside vLLM's share: in an engine process with weight_transfer=staged the
-        staging copy, and our torch engine's validation cache where validation cannot decode on vLLM."""
+        """What an engine's GPU holds beside vLLM's share and the process's own (`memory.outside_vllm`): in an
+        engine process with weight_transfer=staged the staging copy and its fragmentation, and our torch engine's
+        validation cache where validation cannot decode on vLLM."""
+        from ablate.memory import staging_slack
         from ablate.policy import compute_dtype
 
         g = cfg.generator
         parts = {}
         if processes and g.get("weight_transfer", "staged") == "staged":  # every tensor-parallel rank: every tensor
-            parts["staging copy of the weights"] = compute_dtype(cfg.model).itemsize * shape.params
+            compute = compute_dtype(cfg.model).itemsize
+            parts["staging copy of the weights"] = compute * shape.params
+            parts["staging copy's fragmentation"] = staging_slack(shape, compute)
         # validation decodes on vLLM when it may take each step's weights at once (PipelineRL), receives them itself,
         # or waits for a step where it may (validation_step); a validation that cannot wait (the last step mid-round,
         # an adaptive sweep's look) is decoded by our torch engine beside vLLM (pipelined.validate)
@@ -151,7 +155,8 @@ class VLLMGenerator(PipelineGenerator):
     @classmethod
     def engine_memory(cls, cfg, shape, gpu_bytes: float, *, processes: int) -> dict[str, float]:
         """vLLM's share of the GPU (gpu_memory_utilization, or unset, sized by `share`), which must hold its weights,
-        the CUDA context and NCCL's buffers, and what the GPU holds beside them (`_beside_vllm`)."""
+        what the process holds outside it (`memory.outside_vllm`: the CUDA context, NCCL's buffers in an engine
+        process of its own), and what the GPU holds beside them (`_beside_vllm`)."""
         from ablate.memory import GB, vllm_engine, vllm_room
         from ablate.policy import compute_dtype
 
@@ -163,4 +168,4 @@ class VLLMGenerator(PipelineGenerator):
         if room <= 0:
             raise ValueError(f"generator.gpu_memory_utilization={utilization:.2f} of a {gpu_bytes / GB:g} GB "
                              f"GPU cannot hold vLLM's {compute * shape.params / tp / GB:,.1f} GB of weights")
-        return {**vllm_engine(utilization=utilization, gpu_bytes=gpu_bytes), **beside}
+        return {**vllm_engine(utilization=utilization, gpu_bytes=gpu_bytes, weights_group=bool(processes)), **beside}

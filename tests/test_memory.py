@@ -1,0 +1,210 @@
+"""The memory model at its edges (ablate/memory.py): the LM head's backward against the live bytes of the real autograd
+Function, the engine GPU's memory outside vLLM part by part, torch's caching allocator for the staging copy, pinned by
+hand at experiment=paper_8b, and the check before submit naming the part that takes the room."""
+
+from __future__ import annotations
+
+import json
+import weakref
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from ablate import memory
+from ablate.config import compose
+from test_config import LLAMA_8B
+
+MiB = 2**20
+V8, H8, N8 = 128_256, 4096, 65_536  # Llama-3.1-8B's vocabulary and width; paper_8b's micro-batch (65,536 tokens)
+PARAMS_8B = 8_030_261_248
+
+
+@pytest.fixture
+def llama_8b(tmp_path):
+    """An 8B Llama's config.json and the Llama-3 tokenizer (no weights: the check reads the shape alone)."""
+    from real_models import save_tokenizer
+
+    folder = tmp_path / "llama-8b"
+    save_tokenizer("llama3", folder)
+    (folder / "config.json").write_text(json.dumps(LLAMA_8B))
+    return folder
+
+
+class _LiveBytes(TorchDispatchMode):
+    """Bytes of the tensor storages made under it and still alive (a storage once, whatever views it has; those of
+    `known` tensors not at all), and their peak: what a device's caching allocator hands out, its rounding aside.
+    `paused`: what runs meanwhile is not counted (an emulated CUDA kernel's own upcasts)."""
+
+    def __init__(self, *known: torch.Tensor):
+        super().__init__()
+        self.now = self.peak = 0
+        self.paused = False
+        self.seen = {t.untyped_storage().data_ptr() for t in known}
+
+    def count(self, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        key, size = storage.data_ptr(), storage.nbytes()
+        if key in self.seen or not size:
+            return
+        self.seen.add(key)
+        self.now += size
+        self.peak = max(self.peak, self.now)
+
+        def freed():
+            self.seen.discard(key)
+            self.now -= size
+
+        weakref.finalize(storage, freed)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not self.paused:
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    self.count(t)
+        return out
+
+
+@pytest.mark.parametrize("option,operands,compute,head", [("fp32_head", torch.bfloat16, 2, 4), ("bf16", None, 2, 2),
+                                                          ("fp32_head", torch.float32, 4, 4)],
+                         ids=["fp32-head-bf16-operands", "bf16-head", "fp32-head-fp32-operands"])
+def test_the_heads_backward_is_what_the_real_function_holds_on_cudas_path(monkeypatch, option, operands, compute,
+                                                                           head):
+    """memory.head_backward against the live bytes of ablate/rl/precision.py's head on the path it takes on CUDA,
+    emulated on the CPU (a wide GEMM's fp32 output counted, its upcasts not: on CUDA it reads the bf16 operands).
+    V 4,096, H 64, 512 rows in chunks of 128. What the forward keeps for the backward: the weight and the hidden
+    states in the operands' dtype (none for fp32 operands), and the [512] fp32 log-sum-exp. What the
+    backward adds at its peak: the fp32 weight-gradient accumulator, the hidden states' fp32 gradient and one chunk:
+    its fp32 logits made the softmax's gradient in place, the previous chunk's gradient in the operands' dtype, and
+    the bf16 head's logits before their fp32 copy (6, 8 and 8 bytes an entry: 3.1 MB of 128 x 4,096 for the fp32
+    head on bf16 operands), to the byte but the loss's scalar gradient."""
+    from ablate.rl import precision
+
+    live: list[_LiveBytes] = []
+
+    def mm_wide(x, y, out):
+        live[0].paused = True
+        product = torch.mm(x.float(), y.float()).to(out)
+        live[0].paused = False
+        live[0].count(product)
+        return product
+
+    def addmm_wide_(acc, x, y):
+        live[0].paused = True
+        acc.addmm_(x.float(), y.float())
+        live[0].paused = False
+        return acc
+
+    monkeypatch.setattr(precision, "_wide", lambda t: True)
+    monkeypatch.setattr(precision, "_mm_wide", mm_wide)
+    monkeypatch.setattr(precision, "_addmm_wide_", addmm_wide_)
+    V, H, N, C = 4096, 64, 512, 128
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(N, H, generator=g, requires_grad=True)
+    weight = (0.05 * torch.randn(V, H, generator=g)).requires_grad_()
+    targets = torch.randint(0, V, (N,), generator=g)
+    live.append(_LiveBytes(hidden, weight, targets))
+    with live[0]:
+        loss = getattr(precision, option)(hidden, weight, targets, operands=operands, chunk_size=C).sum()
+        kept = live[0].now
+        live[0].peak = kept
+        loss.backward()
+    added = live[0].peak - kept
+    model = memory.head_backward(memory.Shape(vocab=V, hidden=H), micro_tokens=N, compute=compute, head=head,
+                                 chunk=C)
+    narrow = 2 if operands != torch.float32 else 4
+    saved = {k: v for k, v in model.items() if "operands' dtype" in k}
+    assert sum(saved.values()) == (narrow * (V + N) * H if narrow < 4 else 0)  # 2 x (4,096 + 512) x 64 in bf16
+    assert kept == sum(saved.values()) + 4 * N + 4  # and the log-sum-exp, and the loss
+    logits = 2 if option == "bf16" else 0
+    assert sum(model.values()) - sum(saved.values()) == 4 * V * H + 4 * N * H + C * V * (4 + narrow + logits)
+    assert added == sum(model.values()) - sum(saved.values()) + 4  # the loss's gradient, a scalar
+
+
+def test_the_caching_allocator_and_the_staging_copys_fragmentation_by_hand():
+    """torch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp) from an empty cache: up to 1 MiB from
+    2 MiB segments, up to 10 MiB from 20 MiB ones, larger rounded up to 2 MiB. Three 8 MiB tensors take two 20 MiB
+    segments (the first holds two, 4 MiB left over); 11 MiB takes 12; 100 bytes and 1 MiB + 1 byte take a 2 MiB and a
+    20 MiB segment; a small tensor fits the 2 MiB segment's rest. An 8B Llama's staging copy in bf16: each layer's K
+    and V (1,024 x 4,096 x 2 = 8 MiB) share a 20 MiB segment, 4 MiB over, 32 x 4 MiB; its 65 norms (8 KiB each) one
+    2 MiB segment; every other tensor a multiple of 2 MiB: 134,217,728 + 2,097,152 - 532,480 = 135,782,400 bytes."""
+    assert memory.cached_bytes([8 * MiB] * 3) == 40 * MiB
+    assert memory.cached_bytes([11 * MiB]) == 12 * MiB
+    assert memory.cached_bytes([100, MiB + 1]) == 22 * MiB
+    assert memory.cached_bytes([100, 1000, 512]) == 2 * MiB
+    assert memory.cached_bytes([8 * MiB, 3 * MiB, 8 * MiB]) == 20 * MiB  # 8 + 3, 9 left over: the next 8 fits it
+    shape = memory.Shape()  # Llama-3.1-8B
+    assert sum(shape.tensors()) == shape.params == PARAMS_8B
+    assert memory.staging_slack(shape, 2) == 32 * 4 * MiB + 2 * MiB - 65 * 8192 == 135_782_400
+
+
+def test_the_paper_trainers_lm_head_backward_by_hand(llama_8b):
+    """experiment=paper_8b (16 FSDP ranks, bf16 compute, the fp32 head, 65,536 tokens a micro-batch): the head's
+    backward on a trainer rank, part by part, V 128,256 and H 4,096. The fp32 accumulator of the weight's gradient 4 V
+    H = 2.10 GB (the gradient the gathered root held before: that part now counts its embeddings' and norm's alone);
+    the weight in bf16, 2 V H = 1.05 GB; the hidden states in bf16, 2 x 65,536 x 4,096 = 0.54 GB, and their fp32
+    gradient, 1.07 GB; a chunk of 1,024 rows at 6 bytes an entry, 0.79 GB: 5.55 GB in all, where the model counted
+    2.1 (the bf16 weight and two fp32 chunks). Trainer rank 0 comes to 73.3 GB of 85."""
+    from ablate.checks import check_memory
+
+    first, other, _ = check_memory(compose(["experiment=paper_8b", f"model.path={llama_8b}"]), 85.0)
+    head = {k: v for k, v in first.bytes.items() if k.startswith("LM head's backward")}
+    assert head == {"LM head's backward: fp32 accumulator of the weight's gradient": 4 * V8 * H8,  # 2,101,346,304
+                    "LM head's backward: hidden states' gradient": 4 * N8 * H8,  # 1,073,741,824
+                    "LM head's backward: weight in the operands' dtype": 2 * V8 * H8,  # 1,050,673,152
+                    "LM head's backward: hidden states in the operands' dtype": 2 * N8 * H8,  # 536,870,912
+                    "LM head's backward: a chunk's logits, softmax and gradient": 1024 * V8 * 6}  # 788,004,864
+    assert sum(head.values()) == 5_550_637_056
+    root = 2 * V8 * H8 + H8
+    assert first.bytes["gathered embeddings and head"] == 4 * root + 4 * (V8 * H8 + H8)  # 6,304,071,680
+    assert other.bytes == first.bytes and first.total == pytest.approx(73.3e9, abs=0.05e9)
+
+
+def test_the_paper_engine_gpus_room_outside_vllm_by_hand(llama_8b):
+    """experiment=paper_8b's engine process on an "80 GB" H100 (85 GB as reported): outside vLLM's share, the CUDA
+    context (0.5 GB, stated), NCCL's buffers of the weights group as NCCL sizes them (32 ring channels x (10 + 2)
+    MiB = 402,653,184; NVLS, 16 channels x 2 x 8 steps x 128 KiB x 8 heads + 2 MiB of credits = 270,532,608), the
+    staging copy (2 x 8,030,261,248) and its fragmentation (135,782,400); vLLM sized to the rest: 67,630,509,312
+    bytes (0.796), where the lump of 2 GB for context and NCCL left it 66.9."""
+    from ablate.checks import check_memory
+
+    *_, engine = check_memory(compose(["experiment=paper_8b", f"model.path={llama_8b}"]), 85.0)
+    outside = {"CUDA context": 500_000_000, "NCCL's ring buffers (weights group)": 32 * 12 * MiB,
+               "NCCL's NVLS buffers (NVSwitch nodes)": 16 * 2 * 8 * 128 * 1024 * 8 + 2 * MiB,
+               "staging copy of the weights": 2 * PARAMS_8B, "staging copy's fragmentation": 135_782_400}
+    assert {k: engine.bytes[k] for k in outside} == outside
+    assert set(engine.bytes) == {*outside, memory.VLLM_SHARE} and engine.sized == (memory.VLLM_SHARE,)
+    assert engine.bytes[memory.VLLM_SHARE] == pytest.approx(85e9 - sum(outside.values())) == 67_630_509_312
+    assert engine.total == pytest.approx(85e9)
+
+
+def test_the_check_before_submit_names_the_part_that_takes_the_room(llama_8b):
+    """A process that does not fit fails in one line summing its parts and naming the part that takes the room, with
+    the setting that gives it back. paper_8b's engines on a 36 GB GPU (its trainers at 16,384 tokens a micro-batch
+    fit): vLLM's share, sized, is at its least (16.1 GB of weights, one row's 2.1 GB of KV cache, the 4 GB
+    workspace), so the staging copy takes the room, not vLLM, the biggest part (which the check named before).
+    vLLM's share set by hand to 0.9 on 85 GB: 76.5 GB takes the room; the most it may have beside the rest is 0.79
+    of the GPU (67.6 GB). A trainer on 60 GB: the activations, 50.2 of 73.3 GB."""
+    from ablate.checks import check_memory
+
+    def refusal(gpu_gb: float, *overrides: str) -> str:
+        with pytest.raises(ValueError) as refused:
+            check_memory(compose(["experiment=paper_8b", f"model.path={llama_8b}", *overrides]), gpu_gb)
+        assert "\n" not in str(refused.value)
+        return str(refused.value)
+
+    said = refusal(36.0, "train.micro_batch_tokens=16384")
+    assert said.startswith("run.trainer_gpus=16 + run.generator_gpus=64 does not fit a GPU of 36 GB "
+                           "(launcher.gpu_memory_gb): each engine process: vLLM (gpu_memory_utilization) 22.2 + "
+                           "staging copy of the weights 16.1 + CUDA context 0.5 + NCCL's ring buffers (weights group) "
+                           "0.4 + NCCL's NVLS buffers (NVSwitch nodes) 0.3 + staging copy's fragmentation 0.1 = 39.6 "
+                           "GB > 36 GB; the part that takes the room: staging copy of the weights, 16.1 GB; set "
+                           "generator.weight_transfer=direct"), said
+    said = refusal(85.0, "generator.gpu_memory_utilization=0.9")
+    assert "= 93.9 GB > 85 GB; the part that takes the room: vLLM (gpu_memory_utilization), 76.5 GB; set " \
+           "generator.gpu_memory_utilization=0.79 or less" in said, said
+    said = refusal(60.0)
+    assert "trainer rank 0: activations 50.2 + " in said and "= 73.3 GB > 60 GB; the part that takes the room: " \
+           "activations, 50.2 GB; lower train.micro_batch_tokens" in said, said
