@@ -24,6 +24,11 @@ class Clock(Protocol):
         """The device-hours of optimizer step `step`, which took `wall_seconds` and did `flops` on `rollouts`."""
         ...
 
+    def dropped(self, wall_seconds: float) -> float:
+        """The device-hours of a step dropped at SLURM's warning after `wall_seconds` of waiting on its rollouts (no
+        batch came of it): every device the job holds was held that long (docs/training.md#compute-accounting)."""
+        return self.devices * wall_seconds / 3600.0
+
     def perf(self) -> dict:
         return {}
 
@@ -113,6 +118,11 @@ class ReferenceClock(Clock):
 
     def gpu_hours(self, step: int, rollouts, wall_seconds: float, flops: StepFlops) -> float:
         return self.step(step, flops)
+
+    def dropped(self, wall_seconds: float) -> float:
+        """None: this clock counts the work of the batches trained, at a fixed throughput, never the wall clock (the
+        dropped batch's prompts are decoded again after the resume, and counted then, once)."""
+        return 0.0
 
     def perf(self) -> dict:
         """The reference layout's generator idle share (a layout of its own only)."""

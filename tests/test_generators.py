@@ -49,7 +49,7 @@ def test_vllm_in_rank_0_beside_other_trainer_ranks_fails_before_submit_in_one_li
 
 def test_the_mock_takes_what_it_has_no_use_for_from_the_contract():
     """No weights, no engine, no perf figures: the contract's no-ops, not copies of them."""
-    for method in ("publish", "reset_weights", "perf", "close"):
+    for method in ("publish", "reset_weights", "perf", "close", "paused"):
         assert getattr(MockGenerator, method) is getattr(Generator, method), method
     assert "publish" not in vars(MockGenerator)
 
@@ -75,6 +75,23 @@ def test_the_run_clock_is_the_generators_and_the_config_picks_it():
     assert isinstance(reference.clock, ReferenceClock)
     reference.close()
     assert isinstance(_built("generator=mock").clock, SimulatedClock)
+
+
+def test_each_clock_counts_the_wait_of_a_step_dropped_at_the_warning():
+    """A step dropped at SLURM's warning after half an hour of waiting on its rollouts (docs/training.md#time-limits):
+    the wall clock counts every device the job holds for that half hour (8 x 0.5 h); the reference clock, which
+    counts the work of the batches trained and never the wall clock, nothing; the mock's clock that wait's share of
+    the generator.step_seconds its rollouts are played in, of a step at the reference length (1,000 GPU-hours over
+    10 steps, 1 s of 4: 25; never more than the step), and nothing where rollouts come at once."""
+    from ablate.offpolicy import PipelineRL
+
+    assert WallClock(8).dropped(1800.0) == pytest.approx(4.0)
+    assert ReferenceClock(1.0, [4, 4], PipelineRL(8)).dropped(1800.0) == 0.0
+    paced = _built("generator=mock", "generator.gpu_hours=1000", "train.steps=10", "generator.step_seconds=4")
+    assert paced.clock.dropped(1.0) == pytest.approx(25.0) and paced.clock.dropped(60.0) == pytest.approx(100.0)
+    paced.step_seconds = 2.0  # what tests that pace a single step set: the clock's own
+    assert paced.clock.dropped(1.0) == pytest.approx(50.0)
+    assert _built("generator=mock", "generator.gpu_hours=1000", "train.steps=10").clock.dropped(1.0) == 0.0
 
 
 def test_tensor_parallel_replies_are_compared_on_what_they_decided_not_on_their_clocks():

@@ -152,6 +152,48 @@ def test_a_batch_given_up_at_a_warning_is_started_again_on_resume(monkeypatch):
     fresh.close()
 
 
+def test_a_checkpoint_reads_the_sampler_and_the_generator_at_one_moment(tmp_path):
+    """The concurrent mode's generator thread draws a batch's prompts from the sampler whenever the rules let it, also
+    while rank 0 checkpoints (most of all at SLURM's warning, which comes while the trainer waits on rollouts). The
+    sampler's state and the generator's were read one after the other, each under its own lock: a wave drawn between
+    the two reads was in the generator's state as started (started again on resume) and still in the sampler's
+    epoch (drawn again), one batch trained twice. Here the thread is let draw exactly there: the hook on the
+    sampler's read publishes the weights batch 2 waits for (PPO-off-policy-1: nothing is drawn ahead of them) and
+    waits until the thread has drawn batch 2, or is held. Resumed from that checkpoint, batch 2 is the batch the
+    thread drew after it, and batch 3 other prompts."""
+    from ablate.trainer import Checkpoint, Learner, RunState
+
+    mode = ("off_policy=ppo_off_policy", "off_policy.k=1", "generator.concurrent=true")
+    cfg, policy, generator, drawn = _setup(*mode)
+    pipeline, sampler, G = generator.pipeline, generator.pipeline.sampler, cfg.batch.samples_per_prompt
+    generator.batch(1)  # batch 2 waits for version 1: the thread idles, between two looks
+    assert len(drawn) == cfg.batch.prompts_per_step
+    read = sampler.state_dict
+
+    def read_then_let_the_generator_draw() -> dict:
+        state = read()
+        generator.publish(policy, 1)  # batch 2 may start now
+        with pipeline.lock:  # the thread drew batch 2, or it is held until both states are read
+            assert pipeline.lock.wait_for(lambda: 2 in pipeline.started or pipeline.holds, timeout=60)
+        return state
+
+    sampler.state_dict = read_then_let_the_generator_draw
+    Checkpoint(tmp_path).save(RunState(step=1), Learner(cfg, policy), sampler, generator)
+    del sampler.state_dict
+    after = generator.batch(2).prompt_ids[::G].tolist()  # drawn once the checkpoint was written, or while
+    generator.close()
+
+    _, fresh_policy, fresh, _ = _setup(*mode)
+    Checkpoint(tmp_path).load(RunState(), Learner(cfg, fresh_policy), fresh.pipeline.sampler, fresh)
+    fresh.reset_weights(fresh_policy, 1)
+    second = fresh.batch(2).prompt_ids[::G].tolist()
+    fresh.publish(fresh_policy, 2)
+    third = fresh.batch(3).prompt_ids[::G].tolist()
+    fresh.close()
+    assert second == after  # the batch the run would have trained next, started again or drawn again: once
+    assert not set(second) & set(third), f"batch 2's prompts {second} trained again at step 3: {third}"
+
+
 def test_the_concurrent_mode_gives_up_a_batch_within_a_look_of_its_stop():
     from ablate.generators.base import Interrupted
 

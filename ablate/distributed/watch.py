@@ -5,10 +5,12 @@ will never join would otherwise wait until run.data_timeout_min. Why: docs/distr
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -28,8 +30,9 @@ def tell(store, why: BaseException) -> None:
 def watching(store, who: str, *, every_s: float = 1.0, end: Callable[[int], None] = os._exit) -> Iterator[None]:
     """While inside: a thread asks `store` every `every_s` seconds whether rank 0 failed; when it did, or when two
     asks in a row fail (the store is gone with node 0's launcher), it says so on stderr, naming `who`, and calls
-    `end(ENDED)` (default: this process ends at once, whatever its main thread is blocked in). Leave before the job's
-    last barrier: a clean rank 0 may be gone soon after it."""
+    `end(ENDED)` (default: this process ends at once, whatever its main thread is blocked in). Leave as soon as the
+    job's last barrier is passed (rank 0's wind-up may fail before it comes there): a clean rank 0, and its store,
+    may be gone soon after it."""
     done = threading.Event()
 
     def watch() -> None:
@@ -50,6 +53,7 @@ def watching(store, who: str, *, every_s: float = 1.0, end: Callable[[int], None
             if done.is_set():  # left meanwhile: a clean end
                 return
             print(f"{who} stops: rank 0 failed: {why}", file=sys.stderr, flush=True)
+            _note(f"rank 0 failed: {why}")
             end(ENDED)
             return
 
@@ -60,3 +64,17 @@ def watching(store, who: str, *, every_s: float = 1.0, end: Callable[[int], None
     finally:
         done.set()
         thread.join()
+
+
+def _note(message: str) -> None:
+    """`message` in the error file torch's launcher reads for this process, where it runs under one: when it is the
+    first to end (rank 0's process lingering after its error), the job's one line quotes rank 0's error, not this
+    process's exit code."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    try:
+        with open(path, "w") as fp:
+            json.dump({"message": {"message": message, "extraInfo": {"timestamp": str(int(time.time()))}}}, fp)
+    except OSError as err:
+        logging.getLogger(__name__).warning("could not write %s: %r", path, err)

@@ -9,6 +9,7 @@ What the config checks need before anything is built (may it run engines in proc
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -86,6 +87,12 @@ class Generator(Protocol):
     def state_dict(self) -> dict:
         """What a checkpoint keeps to continue where the generator was."""
         return {}
+
+    def paused(self) -> AbstractContextManager:
+        """While inside, the generator draws no prompt from the sampler and changes nothing `state_dict` holds (a
+        thread of its own is held between two looks at its engine): a checkpoint reads the sampler's state and this
+        one's inside it, one moment for both (docs/training.md#time-limits)."""
+        return nullcontext()
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from `state_dict()`'s output."""

@@ -53,17 +53,25 @@ def variant_truth(cfg: DictConfig) -> Truth:
 
 class SimulatedClock(Clock):
     """The simulated device-hours of a step: a share `hours_per_step` of the run's budget, scaled by the completion
-    lengths drawn (relative to `reference_length_frac` of the longest completion, `max_length` tokens)."""
+    lengths drawn (relative to `reference_length_frac` of the longest completion, `max_length` tokens). A step
+    dropped after `wall_seconds` of the `step_seconds` its rollouts are played in: that share of a step at the
+    reference length (no lengths were drawn)."""
 
     devices = 0  # its validation is drawn, not run: no device-hours
 
-    def __init__(self, hours_per_step: float, max_length: int, reference_length_frac: float):
+    def __init__(self, hours_per_step: float, max_length: int, reference_length_frac: float,
+                 step_seconds: float = 0.0):
         self.hours_per_step, self.max_length = hours_per_step, max_length
-        self.reference_length_frac = reference_length_frac
+        self.reference_length_frac, self.step_seconds = reference_length_frac, step_seconds
 
     def gpu_hours(self, step: int, rollouts: Rollouts, wall_seconds: float, flops: StepFlops | None = None) -> float:
         length_frac = float(rollouts.lengths.float().mean()) / self.max_length
         return self.hours_per_step * length_frac / self.reference_length_frac
+
+    def dropped(self, wall_seconds: float) -> float:
+        if self.step_seconds <= 0:  # rollouts come at once: no wait to drop
+            return 0.0
+        return self.hours_per_step * min(wall_seconds / self.step_seconds, 1.0)
 
 
 class MockGenerator(Generator):
@@ -90,12 +98,22 @@ class MockGenerator(Generator):
         self.samples_per_prompt = int(cfg.batch.samples_per_prompt)
         self.samples_per_batch = int(cfg.batch.prompts_per_step)
         self.clock = SimulatedClock(gpu_hours / cfg.train.steps,
-                                    int(self.gen.max_think_tokens + self.gen.max_answer_tokens), reference_length_frac)
+                                    int(self.gen.max_think_tokens + self.gen.max_answer_tokens), reference_length_frac,
+                                    float(step_seconds))
         self.wobble_sd, self.wobble_gpu_hours, self.kappa = wobble_sd, wobble_gpu_hours, prompt_spread
         self.vocab = int(cfg.model.vocab_size) or len(build_tokenizer(cfg.model))
         self.phrase_tokens = len(self.length_control.phrase.split()) if self.length_control.phrase else 0
         self._wobble, self._wobble_at = 0.0, 0.0
-        self.step_seconds = float(step_seconds)
+
+    @property
+    def step_seconds(self) -> float:
+        """generator.step_seconds: the wall-clock seconds a batch's rollouts are played in; its clock's, which counts
+        a dropped step's share of them."""
+        return self.clock.step_seconds
+
+    @step_seconds.setter
+    def step_seconds(self, seconds: float) -> None:
+        self.clock.step_seconds = float(seconds)
 
     def describe(self) -> dict:
         """Params logged with the run: the variant's truth and this run's A, so a report can be checked against them."""

@@ -125,6 +125,9 @@ class PipelineGenerator(Generator):
     def state_dict(self) -> dict:
         return self.pipeline.state_dict()
 
+    def paused(self):
+        return self.pipeline.paused()
+
     def load_state_dict(self, state: dict) -> None:
         self.pipeline.load_state_dict(state)
 
