@@ -1,7 +1,7 @@
 """Checks made before any run is created or job submitted, each failing in one line that names the key: a model
 that does not load, stop tokens it does not have, rows longer than its positions, a data file that is not there or
 not as the task reads it, a reference layout the clock cannot use, a trainer layout its option or the job cannot
-hold, a layout whose processes would not fit their GPUs' memory."""
+hold, a layout whose processes would not fit their GPUs' memory, a SLURM warning at or past the job's time limit."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ def check_model(model: DictConfig) -> None:
     its local cache). A model option with no default path (model=hf) and none given fails naming the key."""
     from omegaconf import OmegaConf
 
+    if str(model.get("dtype")) == "float16":  # the trainer applies no loss scale (docs/training.md#precision)
+        raise ValueError("model.dtype=float16: the trainer applies no loss scale, so fp16 gradients (the LM head's "
+                         "first) would flush small values to zero; use model.dtype=bfloat16")
     if OmegaConf.is_missing(model, "path"):
         raise ValueError(f"model={model.name} needs model.path: a local folder or a hub name "
                          f"(model.path=/models/Qwen3-1.7B); without one it would train the tiny random model")
@@ -150,6 +153,27 @@ def check_compute(train: DictConfig) -> None:
                          f"FLOPs counted at that throughput; with 0, compute is wall-clock time and has no layout)")
 
 
+SLURM_MAX_SIGNAL_DELAY_S = 65_535  # sbatch --signal's time before the limit: SLURM refuses more
+
+
+def check_signal_delay(delay: int, timeout_min: int, sized: bool = False) -> None:
+    """Fail at once, in one line naming both values, when SLURM's warning (launcher.signal_delay_s, `sized` before
+    submit or set) comes at or before the job's start (at or above launcher.timeout_min), where every job would be
+    warned as it starts and requeue itself with no step trained, for ever; or is more than SLURM takes
+    (docs/training.md#time-limits)."""
+    key = f"launcher.signal_delay_s={delay} s{' (sized)' if sized else ''}"
+    limit = 60 * int(timeout_min)
+    if delay > SLURM_MAX_SIGNAL_DELAY_S:
+        raise ValueError(f"{key} is over SLURM's most, {SLURM_MAX_SIGNAL_DELAY_S:,} s (sbatch --signal refuses "
+                         f"more): set launcher.signal_delay_s={SLURM_MAX_SIGNAL_DELAY_S} or less")
+    if delay >= limit:
+        raise ValueError(f"{key} is at or above the job's time limit launcher.timeout_min={timeout_min} "
+                         f"({limit:,} s): SLURM would warn each job as it starts, and it would checkpoint and requeue "
+                         f"itself with no step trained, for ever. Set launcher.timeout_min={-(-2 * delay // 60)} or "
+                         f"more (the warning then takes at most half of each job), or launcher.signal_delay_s below "
+                         f"{limit}")
+
+
 def check_run(cfg: DictConfig) -> None:
     """Fail at once, in one line naming the numbers, on a trainer layout (`run`) its own option or the launcher's
     allocation cannot hold (before any run is created or job submitted)."""
@@ -253,9 +277,10 @@ def layout_memory(cfg: DictConfig, gpu_gb: float) -> list:
     processes = [first]
     if n > 1:
         processes.append(memory.trainer(shape, **rank, name="each other trainer rank"))
-    if g:
+    if g:  # vLLM's share, unset, is sized to the room the rest leaves (at its least when even that is too little)
+        sized = (memory.VLLM_SHARE,) if cfg.generator.get("gpu_memory_utilization", 0) is None else ()
         processes.append(memory.Process("each engine process",
-                                        generator.engine_memory(cfg, shape, gpu_gb * memory.GB, processes=g)))
+                                        generator.engine_memory(cfg, shape, gpu_gb * memory.GB, processes=g), sized))
     return processes
 
 
@@ -286,7 +311,8 @@ def gpu_memory_gb(cfg: DictConfig, cluster: str) -> float | None:
 
 def check_memory(cfg: DictConfig, gpu_gb: float | None) -> list:
     """Fail at once, in one line, when a process of the layout would not fit a GPU of `gpu_gb` GB by the memory
-    model, naming its estimate, the memory and its biggest part. Returns the estimate (nothing to check: [])."""
+    model, summing its parts and naming the one that takes the room and the setting that gives it back
+    (memory.Process.overflow). Returns the estimate (nothing to check: [])."""
     if not gpu_gb:
         return []
     from ablate.distributed.topology import layout_name
@@ -294,9 +320,7 @@ def check_memory(cfg: DictConfig, gpu_gb: float | None) -> list:
     processes = layout_memory(cfg, gpu_gb)
     for process in processes:
         if process.total > gpu_gb * 1e9:
-            part, size = process.parts[0]
-            raise ValueError(f"{layout_name(int(cfg.run.trainer_gpus), int(cfg.run.get('generator_gpus', 0)))} does "
-                             f"not fit a GPU of {gpu_gb:g} GB (launcher.gpu_memory_gb): {process.name} needs "
-                             f"~{process.total / 1e9:,.1f} GB, the most for {part} ({size / 1e9:,.1f} GB); by the "
-                             "memory model, docs/design.md#the-memory-model")
+            layout = layout_name(int(cfg.run.trainer_gpus), int(cfg.run.get("generator_gpus", 0)))
+            raise ValueError(f"{layout} does not fit a GPU of {gpu_gb:g} GB (launcher.gpu_memory_gb): "
+                             f"{process.overflow(gpu_gb * 1e9)}; by the memory model, docs/design.md#the-memory-model")
     return processes

@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 from datetime import timedelta
+from typing import NoReturn
 
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -19,7 +20,7 @@ from ablate.distributed import groups as process_groups
 from ablate.distributed.groups import Groups
 from ablate.distributed.leader import Leader, follow
 from ablate.distributed.signals import (defer_the_warning, ranks_born_with_the_warning_blocked, ranks_started_here,
-                                        stop_for_requeue, take_the_warning)
+                                        stop_for_requeue, take_the_warning, the_time_limit_taken)
 from ablate.distributed.topology import engine_gpus, job_store, layout_name, nodes
 from ablate.distributed.watch import ENDED, tell, watching
 
@@ -52,13 +53,15 @@ def launch(cfg, fn, *args, **kwargs):
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     plain = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
+    theirs = "SIGINT,SIGHUP,SIGQUIT"  # the signals torch's launcher takes; SIGTERM is this process's (below)
     if count == 1:
         config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, rdzv_backend="c10d",
-                              rdzv_endpoint=endpoint, run_id=run_id, max_restarts=0, start_method="spawn")
+                              rdzv_endpoint=endpoint, run_id=run_id, max_restarts=0, start_method="spawn",
+                              signals_to_handle=theirs)
     else:  # static: node i's ranks are i x P.. whatever order the nodes start in (rank 0, the leader, on node 0)
         config = LaunchConfig(min_nodes=count, max_nodes=count, nproc_per_node=world // count, rdzv_backend="static",
                               rdzv_endpoint=endpoint, rdzv_configs={"rank": node}, run_id=run_id, max_restarts=0,
-                              start_method="spawn")
+                              start_method="spawn", signals_to_handle=theirs)
     # the launcher's notes on starting and stopping its workers (each of its modules has a logger with its own level)
     quiet = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
              if name.startswith("torch.distributed.elastic")]
@@ -82,12 +85,16 @@ def launch(cfg, fn, *args, **kwargs):
     displaced = signal.signal(signal.SIGUSR2, note_warning)
     # torch's launcher takes these for good (to stop its ranks, then raise); after it, they go back to their owners:
     # submitit's bypass of SIGTERM lets this process requeue the job when SLURM signals it (its time limit, the
-    # requeue itself) instead of dying in the handler torch left
+    # requeue itself) instead of dying in the handler torch left. SIGTERM is not the launcher's (`theirs`): during
+    # it, after the warning, it is SLURM's time limit come before rank 0 has ended (a slow checkpoint, the engines'
+    # shutdown, the launcher's exit barrier), and the job is requeued at once, the launcher stopping the ranks on
+    # the way out (the last checkpoint written stands); before the warning it raises as torch's handler did
     elastic = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
     cpp_log = os.environ.get("TORCH_CPP_LOG_LEVEL")
     os.environ["TORCH_CPP_LOG_LEVEL"] = cpp_log or "ERROR"  # the ranks: no warnings of collectives a Ctrl-C cut off
     try:
-        with ranks_born_with_the_warning_blocked(note_warning):
+        with ranks_born_with_the_warning_blocked(note_warning), \
+                the_time_limit_taken(lambda: bool(warned) and node == 0, lambda: _requeue(displaced)):
             results = elastic_launch(config, rank_main)(plain, fn, args, kwargs)
     except SignalException as err:  # Ctrl-C reached the launcher: it stopped the ranks (rank 0 closed its run)
         if err.sigval == signal.SIGINT:
@@ -117,10 +124,15 @@ def launch(cfg, fn, *args, **kwargs):
     if node != 0:  # rank 0 and its result are on node 0 (whose task requeues the job at SLURM's warning)
         return None
     if warned and results[0] is None:  # rank 0 stopped at the warning, its checkpoint written: requeue
-        if callable(displaced):
-            displaced(signal.SIGUSR2, None)  # submitit: requeue, then SystemExit
-        raise KeyboardInterrupt("SIGUSR2 with no handler to requeue the job")
+        _requeue(displaced)
     return results[0]
+
+
+def _requeue(displaced) -> NoReturn:
+    """Hand SLURM's warning to the handler `launch` displaced: submitit's requeues the job, then exits."""
+    if callable(displaced):
+        displaced(signal.SIGUSR2, None)  # submitit: requeue, then SystemExit
+    raise KeyboardInterrupt("SIGUSR2 with no handler to requeue the job")
 
 
 @record  # a rank's error goes to a file its launcher reads: the one line `launch` raises names it
@@ -152,8 +164,10 @@ def rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
         result, clean = None, False
         if rank != 0:
             take_the_warning(signal.SIG_IGN)  # the warning is rank 0's (`launch`)
-            with watching(store, f"trainer rank {rank}"):  # left before the barrier below: rank 0 may end after it
+            with watching(store, f"trainer rank {rank}"):  # up to the end: rank 0's wind-up may fail after its stop
                 clean = _follow(OmegaConf.create(cfg), groups)
+                if clean:  # rank 0 meets it here, or says it failed (docs/distributed.md#when-rank-0-fails)
+                    dist.barrier(group=groups.control)
         else:
             try:
                 # what the trainer hands the warning to once it has checkpointed: the end of this rank (the launcher's
@@ -171,12 +185,16 @@ def rank_main(cfg: dict, fn, args: tuple, kwargs: dict):
                 signal.signal(signal.SIGUSR2, signal.SIG_IGN)
                 if sys.exc_info()[1] is not None:  # failing: first tell the processes that may be where they
                     tell(store, sys.exc_info()[1])  # cannot see it (an NCCL collective this rank left)
-                _wind_up(Leader(groups, rank).stop, clean,  # failing, rank 0 meets nobody: the others must not wait
-                         lambda: remote.release(groups),  # engine processes the trainer never reached
-                         groups.shutdown)
+                try:
+                    _wind_up(Leader(groups, rank).stop, clean,  # failing, rank 0 meets nobody: the others must not wait
+                             lambda: remote.release(groups),  # engine processes the trainer never reached
+                             groups.shutdown)
+                except Exception as why:  # clean until here: the others, told to stop, wait at the barrier below
+                    tell(store, why)  # for a rank 0 that never comes (its process may outlive this): they end on it
+                    raise
         # no rank tears the groups down while another may still be in them (a failed rank's launcher stops the others
         # instead); on the control plane: rank 0 may first be closing engine processes
-        if clean:
+        if clean and rank == 0:
             dist.barrier(group=groups.control)
         return result
     finally:

@@ -271,13 +271,16 @@ def check_spread(sweep: DictConfig) -> None:
 def size_warning(planned: Sequence[Planned], launcher: dict, gpu_gb: float | None) -> int:
     """launcher.signal_delay_s for the sweep's jobs: as set, or unset sized from the cost and memory models (the
     variant that needs the most; cost.MIN_SIGNAL_DELAY_S where there is no estimate, on CPUs); printed with what it
-    must hold, and a warning when a value set is shorter."""
+    must hold, and a warning when a value set is shorter. Refused at or above the job's time limit, where the jobs
+    would requeue themselves for ever, and above SLURM's most (checks.check_signal_delay)."""
     from ablate import cost, memory
-    from ablate.checks import model_shape
+    from ablate.checks import check_signal_delay, model_shape
 
     chosen = launcher.get("signal_delay_s")
     if not gpu_gb:
-        return int(chosen or cost.MIN_SIGNAL_DELAY_S)
+        delay = int(chosen or cost.MIN_SIGNAL_DELAY_S)
+        check_signal_delay(delay, int(launcher["timeout_min"]), sized=chosen is None)
+        return delay
     shape = model_shape(planned[0].cfg.model)
     margins = [cost.warning_margin(p.cfg, shape.params,
                                    memory.checkpoint_bytes(shape, ranks=int(p.cfg.run.trainer_gpus))) for p in planned]
@@ -288,6 +291,7 @@ def size_warning(planned: Sequence[Planned], launcher: dict, gpu_gb: float | Non
     print(f"SLURM's warning {delay:,} s before the time limit (launcher.signal_delay_s"
           f"{'' if chosen is not None else ', sized'}): checkpointing and requeuing take ~{needed:,.0f} s ({parts}; "
           f"ablate/cost.py, the checkpoint at launcher.checkpoint_gb_per_s={float(launcher['checkpoint_gb_per_s']):g})")
+    check_signal_delay(delay, int(launcher["timeout_min"]), sized=chosen is None)
     if delay < needed:
         print(f"WARNING: launcher.signal_delay_s={delay} is shorter than that: at the time limit SLURM may kill a job "
               f"before its checkpoint is written, losing its steps since the last one. Unset it (sized: "

@@ -358,7 +358,8 @@ class Launcher:
     array_parallelism: int = 64
     # SLURM sends USR2 this long before the time limit: checkpoint, then requeue. Unset: sized before submit from
     # the cost and memory models (a learner step, a validation, the checkpoint's write; ablate/cost.py), 120 s at
-    # least; set: checked against them, with a warning
+    # least; set: checked against them, with a warning. Either way refused at or above the time limit (timeout_min),
+    # where every job would requeue itself with no step trained, and above SLURM's most, 65,535 s
     signal_delay_s: Optional[int] = None
     checkpoint_gb_per_s: float = 1.0  # a trainer rank's write speed to paths.runs, for that sizing
     # the network interface between a job's nodes (ib0, eth0, ...), for both planes: gloo's control messages and

@@ -226,6 +226,7 @@ class RunState:
     diverged: bool = False
     stopped: str = ""  # why the run ended before its last step, other than diverging (no training prompts left)
     settled: bool = False  # an adaptive sweep stopped it at a rung, its verdict settled: FINISHED, checkpoint kept
+    requeued_at: int = -1  # the step it last stopped at for a requeue: stopped there again, nothing trained, it fails
 
 
 class PreemptionNotice:
@@ -269,17 +270,20 @@ class PreemptionNotice:
 class Checkpoint:
     """<paths.runs>/<run id>/checkpoint.pt: everything a run needs to continue where it was (written atomically).
     Between steps, or during a step's wait for its rollouts (the learner still at the step before; the prompts the
-    generator started are in its state, started again on resume: docs/training.md#time-limits)."""
+    generator started are in its state, started again on resume: docs/training.md#time-limits). The sampler's state
+    and the generator's are read at one moment, the generator held (`Generator.paused`): a concurrent generator
+    that drew a wave between the two reads had it both started again and drawn again after a resume."""
 
     def __init__(self, folder: Path):
         self.path = folder / "checkpoint.pt"
 
     def save(self, state: RunState, learner: Learner, sampler: PromptSampler, generator) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        with generator.paused():  # the prompts drawn and the prompts started, as of one moment
+            drawn = {"sampler": sampler.state_dict(), "generator": generator.state_dict()}
         payload = {
             "state": vars(state).copy(), **learner.ranks.save(learner, self.path.parent, tag=state.step),
-            "torch_rng": torch.get_rng_state(), "sampler": sampler.state_dict(),
-            "generator": generator.state_dict(), "clock": generator.clock.state_dict(),
+            "torch_rng": torch.get_rng_state(), **drawn, "clock": generator.clock.state_dict(),
         }
         tmp = self.path.with_suffix(".tmp")
         torch.save(payload, tmp)
@@ -345,14 +349,15 @@ def train(cfg: DictConfig, run_id: str, tracking_uri: str, *, progress: Progress
     if tracker.status() == "FINISHED":  # e.g. requeued just as it finished: done already
         print(f"run {run_id} is already FINISHED: nothing to do", file=sys.stderr, flush=True)
         return RunState(step=cfg.train.steps)
-    with _run_ends(tracker):
+    # SLURM's warning is held from here, the run's start-up included (in one process nothing else defers it, and
+    # submitit requeued at once, no stop counted: _Run._requeue); one after the last step only waits: the run ends
+    with _run_ends(tracker), PreemptionNotice() as notice:
         run = _Run(cfg, run_id, tracker, folder, groups if groups is not None else Groups())
-        with PreemptionNotice() as notice:  # a USR2 after the last step only waits: the run ends as it is
-            with _closing(run.generator):
-                run.train(notice, progress)
-            tracker.close("FAILED" if run.state.diverged else "FINISHED")
-            if not (run.state.diverged or run.state.settled or run.keeps_checkpoint):  # those may be extended
-                run.checkpoint.remove()  # a finished run is not resumed; at 8B its optimizer state alone is ~100 GB
+        with _closing(run.generator):
+            run.train(notice, progress)
+        tracker.close("FAILED" if run.state.diverged else "FINISHED")
+        if not (run.state.diverged or run.state.settled or run.keeps_checkpoint):  # those may be extended
+            run.checkpoint.remove()  # a finished run is not resumed; at 8B its optimizer state alone is ~100 GB
     return run.state
 
 
@@ -439,7 +444,8 @@ class _Run:
         """Step 0's validation (a new run), then every optimizer step left, checkpointing on schedule and on SLURM's
         warning; a diverged loss or an exhausted data set ends the loop early, saying so. The warning, while rank 0
         waits on a step's rollouts (no learner step in flight: minutes at the paper's scale, longer than the
-        warning), drops that step and checkpoints the one before (docs/training.md#time-limits)."""
+        warning), drops that step, its wait's device-hours counted in compute/gpu_hours, and checkpoints the one
+        before (docs/training.md#time-limits)."""
         cfg, state, tracker = self.cfg, self.state, self.tracker
         if state.step == 0 and not self.resumed:  # resumed at step 0: warned in step 1, step 0 logged already
             pass_rate = self._validate(0.0, self.learner.weights(), 0)
@@ -450,9 +456,8 @@ class _Run:
             try:
                 outcome = self._step(step, tick, stop=lambda: notice.received)
             except Interrupted:  # warned while waiting on this step's rollouts: the step before is saved as it ended
-                self._save()
-                tracker.set_tags({"ablate.requeued_at": str(step - 1)})
-                notice.hand_over()
+                state.gpu_hours += self.generator.clock.dropped(time.perf_counter() - tick)  # the wait held them all
+                self._requeue(notice)
             if outcome is None:
                 break
             metrics, ended, weights = outcome
@@ -476,11 +481,30 @@ class _Run:
                 self._save()
                 break
             if notice.received and step < cfg.train.steps:  # preempted or at the time limit: save, then requeue
-                self._save()
-                tracker.set_tags({"ablate.requeued_at": str(step)})
-                notice.hand_over()
+                self._requeue(notice)
         if self.keeps_checkpoint and state.step == cfg.train.steps and not state.diverged:
             self._save()  # its last step's: a larger train.steps goes on from here (sweep.extend=true)
+
+    def _requeue(self, notice: PreemptionNotice) -> None:
+        """SLURM's warning, at the step the learner is at: checkpoint it, then hand the warning over (submitit
+        requeues the job). A run stopped here before, with no step trained since, fails instead: its jobs are warned
+        before a step can end (a warning at or past the time limit, or a step longer than the job's time before it),
+        and each would requeue the next for ever (docs/training.md#time-limits)."""
+        state, cfg = self.state, self.cfg
+        again = state.requeued_at == state.step
+        state.requeued_at = state.step
+        self._save()  # again too: what the stop added to the state (its wait's device-hours) is kept
+        if again:
+            delay, limit = cfg.launcher.get("signal_delay_s"), cfg.launcher.get("timeout_min")
+            why = (f"stopped for a requeue at step {state.step} twice with no step trained between: SLURM's warning "
+                   f"comes before a step can end (launcher.signal_delay_s={delay} s of the job's "
+                   f"launcher.timeout_min={limit}, {60 * int(limit or 0):,} s). Not requeued again: lower "
+                   f"launcher.signal_delay_s or raise launcher.timeout_min, and the same command goes on from the "
+                   f"step-{state.step} checkpoint")
+            self.tracker.set_tags({"ablate.requeue_loop": why})
+            raise RuntimeError(why)
+        self.tracker.set_tags({"ablate.requeued_at": str(state.step)})
+        notice.hand_over()
 
     def _validates_at(self, step: int) -> bool:
         """Every train.val_every steps, at the step the generator validates each at (the same, or a few later where

@@ -157,6 +157,16 @@ def test_a_checkpoint_model_with_no_path_fails_naming_the_key_not_the_tiny_model
     assert not list(tmp_path.glob("mlflow.db*"))
 
 
+def test_float16_compute_is_refused_before_any_run_naming_bfloat16(tmp_path):
+    """The trainer applies no loss scale: fp16 compute would flush small gradients (the LM head's first) to zero."""
+    from ablate.run import run_sweep
+
+    args = ["model.dtype=float16", "sweep=loo", "sweep.dry_run=true", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"]
+    with pytest.raises(ValueError, match=r"^model.dtype=float16: the trainer applies no loss scale.*bfloat16$"):
+        run_sweep(compose(args), args)
+    assert not list(tmp_path.glob("mlflow.db*"))
+
+
 def test_a_reference_layout_the_clock_cannot_use_fails_in_one_line_before_any_run(tmp_path):
     cases = {("train.reference_layout=[1,1]", "train.reference_tflops=0"):
              "train.reference_layout=[1, 1] needs train.reference_tflops > 0",
@@ -224,8 +234,9 @@ def test_the_paper_layout_fits_80_gb_gpus_by_the_memory_model(llama_8b):
     """experiment=paper_8b on an 8B Llama: every process within an "80 GB" H100's 85 GB as the device reports it
     (the check on SLURM's default, vLLM's unit), the 8B's parameters counted from its config, the trainer's biggest
     part its activations. vLLM's share, unset in the preset, is sized: an engine's 48 rows of 16,384 tokens need
-    16.1 + 103.1 + 4 GB, more than the GPU has, so it takes all the room beside the staging copy (16.1 GB) and the
-    2 GB outside vLLM: 66.9 GB, 0.79 (0.5 left 25 GB of it idle)."""
+    16.1 + 103.1 + 4 GB, more than the GPU has, so it takes all the room beside the staging copy (16.1 GB, and its
+    fragmentation) and what lives outside vLLM (the CUDA context and NCCL's buffers: tests/test_memory.py): 67.6 GB,
+    0.80 (0.5 left 25 GB of it idle)."""
     from ablate.checks import check_memory, gpu_memory_gb, model_shape
 
     cfg = compose(["experiment=paper_8b", f"model.path={llama_8b}"])
@@ -234,7 +245,9 @@ def test_the_paper_layout_fits_80_gb_gpus_by_the_memory_model(llama_8b):
     first, other, engine = check_memory(cfg, gpu_memory_gb(cfg, "slurm"))
     assert first.name == "trainer rank 0" and other.bytes == first.bytes and 60e9 < first.total < 80e9
     assert first.parts[0][0] == "activations" and engine.total == pytest.approx(85e9)
-    assert engine.bytes["vLLM (gpu_memory_utilization)"] == pytest.approx(85e9 - 2e9 - 2 * 8_030_261_248)
+    beside = sum(b for part, b in engine.bytes.items() if part != "vLLM (gpu_memory_utilization)")
+    assert engine.bytes["vLLM (gpu_memory_utilization)"] == pytest.approx(85e9 - beside)
+    assert beside - 2 * 8_030_261_248 == pytest.approx(1.31e9, abs=0.005e9)  # the staging copy and 1.31 GB
     whole = check_memory(compose(["experiment=paper_8b", f"model.path={llama_8b}", "run.sharded_gradients=false"]),
                          200.0)[0]
     assert whole.total - first.total == pytest.approx(4 * 8_030_261_248)
@@ -288,8 +301,8 @@ def test_a_data_file_that_is_missing_misshapen_or_short_fails_before_any_run_in_
 
 def test_a_layout_that_does_not_fit_its_gpus_fails_in_the_dry_run_naming_the_gb(llama_8b, tmp_path, capsys):
     """The paper's 8B model in one process on one GPU (fp32 masters, AdamW and gradients: 128 GB) fails in
-    sweep.dry_run, before anything is created, in one line: the estimate, the memory, the biggest part. The paper's
-    layout passes and the dry run prints its estimate."""
+    sweep.dry_run, before anything is created, in one line: its parts summed against the memory, and the part that
+    takes the room. The paper's layout passes and the dry run prints its estimate."""
     from ablate.run import run_sweep
 
     common = ["experiment=paper_8b", f"model.path={llama_8b}", "sweep=loo", "sweep.dry_run=true",
@@ -299,12 +312,14 @@ def test_a_layout_that_does_not_fit_its_gpus_fails_in_the_dry_run_naming_the_gb(
     with pytest.raises(ValueError) as refused:
         run_sweep(compose(one), one)
     assert str(refused.value).startswith("run.trainer_gpus=1 + run.generator_gpus=1 does not fit a GPU of 85 GB "
-                                         "(launcher.gpu_memory_gb): trainer rank 0 needs ~")
-    assert "the most for weights, gradients and AdamW state (128.5 GB)" in str(refused.value)
+                                         "(launcher.gpu_memory_gb): trainer rank 0: weights, gradients and AdamW "
+                                         "state 128.5 + activations 50.2 + ")
+    assert "= 199.3 GB > 85 GB; the part that takes the room: weights, gradients and AdamW state, 128.5 GB; shard " \
+           "them over more trainer ranks" in str(refused.value)
     assert "\n" not in str(refused.value)
     assert run_sweep(compose(common), common) == 0
     printed = capsys.readouterr().out
-    assert "9 variants (dry run: nothing submitted)" in printed and "  trainer rank 0: ~72.0 GB of 85 (" in printed
+    assert "9 variants (dry run: nothing submitted)" in printed and "  trainer rank 0: ~73.3 GB of 85 (" in printed
     assert f"model ({llama_8b}): 8.03B parameters, untied embeddings, 131,072 positions; rows of at most 16,404 " \
            "tokens (the interruption's phrase 20 of them)" in printed  # Llama-3.1-8B's 8,030,261,248; 2,048 + 12,288
     # + 2,048 + the phrase in Llama-3's tokens
@@ -351,13 +366,54 @@ def test_validation_is_in_the_memory_check_where_our_engine_decodes_it(llama_8b,
     with pytest.raises(ValueError) as refused:
         run_sweep(compose(wide), wide)
     # vLLM's share at its least (no room left for it): its weights, one row's cache and its workspace, 22.2 GB
-    assert "each engine process needs ~577.1 GB, the most for validation's KV cache (our engine; " \
-           "generator.val_wave_rows) (536.9 GB)" in str(refused.value)
+    assert "each engine process: validation's KV cache (our engine; generator.val_wave_rows) 536.9 + vLLM " \
+           "(gpu_memory_utilization) 22.2 + " in str(refused.value)
+    assert "= 576.4 GB > 85 GB; the part that takes the room: validation's KV cache (our engine; " \
+           "generator.val_wave_rows), 536.9 GB; lower generator.val_wave_rows" in str(refused.value)
     assert run_sweep(compose(common), common) == 0
     printed = capsys.readouterr().out
-    # vLLM's share sized around what else the GPU holds: 85 - 2 - 16.1 = 66.9 GB, and for loo-8op 17.2 less
-    assert "  each engine process: ~85.0 GB of 85 (vLLM (gpu_memory_utilization) 66.9, staging copy of the weights " \
-           "16.1, CUDA context and NCCL 2.0)" in printed
-    assert "  loo-8op: each engine process: ~85.0 GB of 85 (vLLM (gpu_memory_utilization) 49.8, validation's KV " \
-           "cache (our engine; generator.val_wave_rows) 17.2, staging copy of the weights 16.1, CUDA context and NCCL " \
-           "2.0)" in printed
+    # vLLM's share sized around what else the GPU holds: 85 - 16.1 - 1.3 = 67.6 GB, and for loo-8op 17.2 less
+    outside = "CUDA context 0.5, NCCL's ring buffers (weights group) 0.4, NCCL's NVLS buffers (NVSwitch nodes) 0.3, " \
+              "staging copy's fragmentation 0.1)"
+    assert "  each engine process: ~85.0 GB of 85 (vLLM (gpu_memory_utilization) 67.6, staging copy of the weights " \
+           f"16.1, {outside}" in printed
+    assert "  loo-8op: each engine process: ~85.0 GB of 85 (vLLM (gpu_memory_utilization) 50.5, validation's KV " \
+           f"cache (our engine; generator.val_wave_rows) 17.2, staging copy of the weights 16.1, {outside}" in printed
+
+
+def test_a_warning_at_or_past_the_time_limit_is_refused_before_submit(llama_8b, tmp_path, capsys):
+    """SLURM warns a job launcher.signal_delay_s before its time limit; at or past the limit it warns the job as it
+    starts, and the job checkpoints and requeues itself with no step trained, for ever (submitit counts each stop as
+    a preemption, which never uses up launcher.max_requeues). Before, that was a warning at half the limit. Refused
+    in the dry run, before anything is created, naming both values: the paper's warning as sized (1,200 s, 20
+    minutes: the test above) on a 10-minute limit, the same set by hand, and a warning of the limit itself; one
+    second under it passes, warned. SLURM's own most, 65,535 s (sbatch refuses more), is refused too."""
+    from ablate.run import run_sweep
+
+    preset = ["experiment=paper_8b", f"model.path={llama_8b}", "sweep.dry_run=true",
+              f"task.data_path={_problems(tmp_path / 'math.jsonl', 1100)}", f"paths.outputs={tmp_path}",
+              f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"]
+    short = [*preset, "launcher.timeout_min=10"]
+    refusals = {
+        (): "launcher.signal_delay_s=1200 s (sized) is at or above the job's time limit launcher.timeout_min=10 "
+            "(600 s): SLURM would warn each job as it starts",
+        ("launcher.signal_delay_s=1200",): "launcher.signal_delay_s=1200 s is at or above the job's time limit "
+                                           "launcher.timeout_min=10 (600 s): SLURM would warn each job as it starts",
+        ("launcher.signal_delay_s=600",): "launcher.signal_delay_s=600 s is at or above the job's time limit "
+                                          "launcher.timeout_min=10 (600 s)"}
+    for extra, says in refusals.items():
+        args = [*short, *extra]
+        with pytest.raises(ValueError) as refused:
+            run_sweep(compose(args), args)
+        assert str(refused.value).startswith(says) and "\n" not in str(refused.value), str(refused.value)
+    args = [*short, "launcher.signal_delay_s=599"]
+    assert run_sweep(compose(args), args) == 0
+    assert "WARNING: the warning takes 10 of the job's 10 minutes" in capsys.readouterr().err
+    capped = [*preset, "launcher.signal_delay_s=65536"]  # under the preset's 48 hours, over SLURM's most
+    with pytest.raises(ValueError) as refused:
+        run_sweep(compose(capped), capped)
+    assert str(refused.value).startswith("launcher.signal_delay_s=65536 s is over SLURM's most, 65,535 s"), \
+        str(refused.value)
+    most = [*preset, "launcher.signal_delay_s=65535"]
+    assert run_sweep(compose(most), most) == 0
+    assert not list(tmp_path.glob("mlflow.db*"))

@@ -14,9 +14,11 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -633,6 +635,99 @@ def test_a_warning_while_the_ranks_start_requeues_the_job_instead_of_killing_the
     assert signal.SIGUSR2 not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
 
 
+def _slow_to_stop(started: str, groups) -> str:
+    """Rank 0's work in the test below: started (its pid written to `started`), then slow to end, as rank 0 is at
+    8B after SLURM's warning (its checkpoint, the engines' shutdown); the warning it holds, blocked since its
+    start-up (`defer_the_warning`), is never acted on."""
+    Path(started).write_text(str(os.getpid()))
+    time.sleep(120)
+    return "done"
+
+
+def _pending(pid: int, signum: int) -> bool:
+    """Whether process `pid` holds signal `signum` pending (blocked, not yet taken): /proc's ShdPnd."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("ShdPnd:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+def test_the_time_limit_inside_torchs_launcher_after_the_warning_still_requeues_the_job(tmp_path):
+    """SLURM's SIGTERM at the time limit can reach the job's process while torch's launcher still runs its ranks,
+    after the warning (USR2): rank 0's checkpoint or the engines' shutdown ran long, or the launcher waits in its
+    exit barrier (up to 300 s). torch's handler took it: it raised, the launcher stopped the ranks, and `launch`
+    raised it on (SignalException): the job ended failed, not requeued, its run left RUNNING with no job behind it.
+    Now SIGTERM after a warning is the launcher's process's own: it hands the job to the requeue handler the warning
+    displaced (submitit's) at once, and the launcher stops its ranks on the way out. Here the warning reaches this
+    process (and rank 0, which holds it: its pending USR2 shows it was passed on), then SIGTERM, with rank 0 still
+    busy; SLURM's SIGTERM to the ranks themselves ends them either way."""
+    cfg = OmegaConf.create(_config("run=fsdp"))
+    started, sent = tmp_path / "started", []
+
+    def warn_then_stop() -> None:  # as SLURM does at the time limit, less its SIGKILL
+        deadline = time.monotonic() + 120
+        while not started.exists() or not started.read_text():
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        rank_0 = int(started.read_text())
+        os.kill(os.getpid(), signal.SIGUSR2)
+        while not _pending(rank_0, signal.SIGUSR2) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sent.append(rank_0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def requeue(signum, frame) -> None:
+        raise Requeued
+
+    def bypass(signum, frame) -> None:  # submitit's answer to SIGTERM: ignore it, the requeue is under way
+        pass
+
+    displaced = signal.signal(signal.SIGUSR2, requeue)
+    terminate = signal.signal(signal.SIGTERM, bypass)
+    sender = threading.Thread(target=warn_then_stop, daemon=True)
+    began = time.monotonic()
+    sender.start()
+    try:
+        with pytest.raises(Requeued):
+            processes.launch(cfg, _slow_to_stop, str(started))
+        assert time.monotonic() - began < 100  # rank 0's 120 s were not waited out
+        assert signal.getsignal(signal.SIGTERM) is bypass and signal.getsignal(signal.SIGUSR2) is requeue
+    finally:
+        sender.join()
+        signal.signal(signal.SIGUSR2, displaced)
+        signal.signal(signal.SIGTERM, terminate)
+    assert sent and not Path(f"/proc/{sent[0]}").exists()  # rank 0 stopped by the launcher
+
+
+def test_the_time_limit_in_the_launchers_exit_barrier_still_requeues_the_job():
+    """Where the launcher's process waits in torch's exit barrier (a node's ranks done, the other nodes' not yet:
+    up to 300 s), its main thread is in a C++ store wait and no Python handler runs until that returns: SLURM's
+    SIGTERM there was taken by nobody, and the job was killed at the limit, not requeued. A thread that sees the
+    signal arrive requeues in its place within a second, and the main thread raises what the requeue raised once
+    it runs again. Here torch's own barrier function, the store's other member never coming, for 5 s."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.utils import store as store_util
+
+    store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=timedelta(seconds=20), wait_for_workers=False)
+    requeued: list[float] = []
+
+    def requeue() -> None:
+        requeued.append(time.monotonic())
+        raise Requeued
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Requeued):
+        with signals.the_time_limit_taken(lambda: True, requeue):
+            sent = time.monotonic() + 0.5
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            store_util.barrier(store=store, world_size=2, key_prefix="exit", barrier_timeout=5)
+    assert len(requeued) == 1 and requeued[0] - sent < 3.0  # within the grace, not the barrier's 5 s
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_a_warning_during_rank_0s_start_up_waits_for_the_trainers_handler():
     """Rank 0 stops at once for a warning that came before its work (above), but one that comes during the
     trainer's start-up (the model's build, FSDP's broadcasts, a checkpoint's load: minutes at 8B) ended it in the
@@ -727,6 +822,38 @@ def test_a_wind_up_that_fails_after_rank_0_failed_does_not_replace_its_error():
     cfg = OmegaConf.create(_config("run=fsdp"))
     with pytest.raises(RuntimeError, match=r"^trainer rank 0 failed: ValueError: the run's own error"):
         processes.launch(cfg, _fails_and_so_does_the_release)
+
+
+def _done_but_the_wind_up_fails_and_the_process_lingers(returned: str, groups) -> str:
+    """Rank 0's work in the test below: done, then its wind-up's release of the engines fails, and a thread that is
+    no daemon (a library's) keeps its process alive for a minute after that."""
+    import threading
+
+    from ablate.generators import remote
+
+    def broken(groups):
+        raise RuntimeError("the engines' release failed")
+
+    remote.release = broken
+    threading.Thread(target=time.sleep, args=(60.0,), daemon=False).start()
+    Path(returned).write_text(repr(time.time()))
+    return "done"
+
+
+def test_a_follower_is_released_within_seconds_when_rank_0s_clean_wind_up_fails(tmp_path):
+    """Rank 0 done, it tells the other trainer ranks to stop and they wait for it at the job's last barrier; then its
+    wind-up fails (the engines' release, the groups' shutdown). Nothing told them: they waited there as long as rank
+    0's process lived (here a minute, held by a thread; up to run.control_timeout_min, 12 h, gloo seeing no socket
+    close). Now rank 0 writes its error to the job's store, the follower still watches it at the barrier and ends
+    within seconds, the first process to end: the job's one line names it, quoting rank 0's error."""
+    cfg = OmegaConf.create(_config("run=fsdp"))
+    returned = tmp_path / "returned"
+    with pytest.raises(RuntimeError) as failed:
+        processes.launch(cfg, _done_but_the_wind_up_fails_and_the_process_lingers, str(returned))
+    waited = time.time() - float(returned.read_text())
+    assert waited < 10.0, f"the follower was released {waited:.0f} s after rank 0's work was done"
+    assert re.match(r"trainer rank 1 failed: rank 0 failed: RuntimeError: the engines' release failed \(its log: "
+                    r".*error\.json\)$", str(failed.value)), str(failed.value)
 
 
 def test_gpu_ranks_beyond_the_machines_cuda_devices_are_one_clear_error(monkeypatch):

@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from ablate import tracking
 from conftest import run_cli
@@ -236,3 +237,121 @@ def test_a_warning_while_a_step_waits_on_its_rollouts_drops_it_and_resumes_from_
     assert run.info.status == "FINISHED" and run.data.tags["ablate.resumed_from"] == "1"
     for key in ("compute/gpu_hours", "val/pass_rate"):
         assert sorted(m.step for m in client.get_metric_history(run_id, key)) == [0, 1, 2, 3], key
+
+
+def test_a_run_stopped_twice_at_the_same_step_fails_instead_of_requeueing_for_ever(tmp_path, mlflow_uri, monkeypatch):
+    # SLURM's warning at or past the time limit (launcher.signal_delay_s, refused before submit; tests/test_config.py)
+    # comes as each job starts: the run dropped its step, checkpointed and requeued, and submitit, counting it as a
+    # preemption, requeued it for ever with no step trained. Here every job is warned in step 2's wait: the first
+    # requeues at step 1 (steps trained since the start); the second, resumed there, is stopped at step 1 again with
+    # nothing trained between, and fails in one clear error, not handed to the requeue; the run FAILED, saying why.
+    # Its checkpoint is kept: once the warning is fixed, the same run goes on from step 1.
+    from ablate.config import compose
+    from ablate.generators.mock import MockGenerator
+    from ablate.job import run_variant
+    from ablate.run import job_config
+
+    batch, warned, handed = MockGenerator.batch, [], []
+
+    def warned_in_step_2(self, step, compute, stop=None):
+        if step == 2 and warned is not None:
+            self.step_seconds = 30.0  # a wait the warning cuts short
+            warned.append(step)
+            signal.raise_signal(signal.SIGUSR2)
+        return batch(self, step, compute, stop)
+
+    def requeue(signum, frame):  # submitit's: requeue the job, then exit
+        handed.append(signum)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(MockGenerator, "batch", warned_in_step_2)
+    client = tracking.client(mlflow_uri)
+    run_id = tracking.create_variant_run(client, tracking.experiment_id(client, "tiny"), "scalerl", {})
+    config = job_config(compose(["generator=mock", "train.steps=3", "train.val_every=1", "train.checkpoint_every=1000",
+                                 "launcher.timeout_min=10",
+                                 "launcher.signal_delay_s=1200", f"paths.runs={tmp_path}/runs"]))
+    before = signal.signal(signal.SIGUSR2, requeue)
+    try:
+        with pytest.raises(SystemExit):  # the first job: requeued at step 1
+            run_variant(config, run_id, mlflow_uri)
+        assert handed == [signal.SIGUSR2] and client.get_run(run_id).data.tags["ablate.requeued_at"] == "1"
+        with pytest.raises(RuntimeError) as stopped:  # the second: stopped at step 1 again, nothing trained
+            run_variant(config, run_id, mlflow_uri)
+        assert handed == [signal.SIGUSR2] and len(warned) == 2  # not handed to the requeue a second time
+        assert str(stopped.value).startswith("stopped for a requeue at step 1 twice with no step trained between: "
+                                             "SLURM's warning comes before a step can end (launcher.signal_delay_s="
+                                             "1200 s of the job's launcher.timeout_min=10, 600 s)"), str(stopped.value)
+        run = client.get_run(run_id)
+        assert run.info.status == "FAILED" and run.data.tags["ablate.requeue_loop"] == str(stopped.value)
+        assert _last_step(client, run_id) == 1
+        warned = None  # fixed: the same run goes on from its step-1 checkpoint
+        assert run_variant(config, run_id, mlflow_uri)["step"] == 3
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["ablate.resumed_from"] == "1"
+    assert sorted(m.step for m in client.get_metric_history(run_id, "compute/gpu_hours")) == [0, 1, 2, 3]
+
+
+def test_the_wait_a_warning_cuts_short_is_in_compute_after_the_resume(tmp_path, mlflow_uri, monkeypatch):
+    # The seconds rank 0 waited on a step's rollouts before SLURM's warning dropped the step held every device of
+    # the job; compute/gpu_hours (the law's C) left them out. Warned a second into step 2's 4-s wait (the mock's
+    # generator.step_seconds), the run now counts that second's share of a step (the simulated clock: a step's
+    # device-hours H x 1 s / 4 s) in the state it checkpoints, and the resumed run's every step carries it: its
+    # compute is a run's that was never warned (the same rows: the same config, seed and draws) plus the wait.
+    from ablate.config import compose
+    from ablate.generators.mock import MockGenerator
+    from ablate.job import run_variant
+    from ablate.run import job_config
+
+    batch, validate, validated, warned, handed = MockGenerator.batch, MockGenerator.validate, [], [], []
+
+    def validated_at(self, compute, **kwargs):
+        rate = validate(self, compute, **kwargs)
+        validated.append(time.monotonic())  # the step's device time starts after it
+        return rate
+
+    def warned_a_second_into_step_2(self, step, compute, stop=None):
+        if step != 2 or warned:
+            return batch(self, step, compute, stop)
+        self.step_seconds, began = 4.0, time.monotonic()
+
+        def stop_after_a_second() -> bool:
+            if not warned and time.monotonic() - began >= 1.0:
+                warned.append(time.monotonic())
+                signal.raise_signal(signal.SIGUSR2)
+            return stop()
+
+        return batch(self, step, compute, stop_after_a_second)
+
+    def requeue(signum, frame):  # submitit's: requeue the job, then exit
+        handed.append(time.monotonic())
+        raise SystemExit(0)
+
+    client = tracking.client(mlflow_uri)
+    runs = {name: tracking.create_variant_run(client, tracking.experiment_id(client, "tiny"), name, {})
+            for name in ("warned", "straight")}
+    config = job_config(compose(["generator=mock", "train.steps=3", "train.val_every=1", "train.checkpoint_every=1000",
+                                 f"paths.runs={tmp_path}/runs"]))
+    hours_per_step = config["generator"]["gpu_hours"] / config["train"]["steps"]
+    assert run_variant(config, runs["straight"], mlflow_uri)["step"] == 3
+    monkeypatch.setattr(MockGenerator, "batch", warned_a_second_into_step_2)
+    monkeypatch.setattr(MockGenerator, "validate", validated_at)
+    before = signal.signal(signal.SIGUSR2, requeue)
+    try:
+        with pytest.raises(SystemExit):
+            run_variant(config, runs["warned"], mlflow_uri)
+        saved = torch.load(tmp_path / "runs" / runs["warned"] / "checkpoint.pt", weights_only=False)["state"]
+        assert saved["step"] == 1
+        assert run_variant(config, runs["warned"], mlflow_uri)["step"] == 3  # the next job
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+    compute = {name: {m.step: m.value for m in client.get_metric_history(run_id, "compute/gpu_hours")}
+               for name, run_id in runs.items()}
+    assert sorted(compute["warned"]) == sorted(compute["straight"]) == [0, 1, 2, 3]
+    assert compute["warned"][1] == compute["straight"][1]  # logged before the warning
+    wait = saved["gpu_hours"] - compute["warned"][1]  # what the checkpoint holds beyond the last step logged
+    longest = handed[0] - validated[1]  # step 1's validation ended before the wait began; the save came after it
+    assert hours_per_step * 1.0 / 4.0 <= wait <= hours_per_step * longest / 4.0, (wait, hours_per_step, longest)
+    for step in (2, 3):  # carried by every step after the resume
+        assert compute["warned"][step] - compute["straight"][step] == pytest.approx(wait, rel=1e-9), step
