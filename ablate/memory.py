@@ -134,7 +134,7 @@ class Process:
     def overflow(self, gpu_bytes: float) -> str:
         """Why the process does not fit a GPU of `gpu_bytes`, in one line: its parts summed, the part that takes the
         room and the setting that gives it back: 'each engine process: vLLM (gpu_memory_utilization) 22.2 + staging
-        copy of the weights 16.1 + ... = 39.6 GB > 36 GB; the part that takes the room: staging copy of the weights,
+        copy of the weights 16.1 + ... = 40.1 GB > 36 GB; the part that takes the room: staging copy of the weights,
         16.1 GB; set generator.weight_transfer=direct ...'."""
         shown = [(name, b) for name, b in self.parts if b >= 0.05 * GB]
         rest = self.total - sum(b for _, b in shown)
@@ -263,11 +263,11 @@ def staging_slack(shape: Shape, compute: int) -> float:
 
 VLLM_WORKSPACE = 4 * GB  # vLLM's share beyond its weights and KV cache: its profiled batch's activations, CUDA
 # graphs, the sampler (an estimate, docs/design.md#the-memory-model)
-# An engine process's memory outside vLLM's share (docs/design.md#the-memory-model). The CUDA context: a stated figure,
-# not measured here. PyTorch's maintainers give ~0.3-0.4 GB for a context whose kernels load lazily (CUDA >= 11.7:
-# pytorch/pytorch#107667, #109888); an engine process loads more into it (NCCL's, our engine's); 0.5 GB, the figure
-# given for an H100 with torch 2.11 / CUDA 13.
-CUDA_CONTEXT = 0.5 * GB
+# An engine process's memory outside vLLM's share (docs/design.md#the-memory-model). The CUDA context, as measured on a
+# lent H200 (2026-11-27, torch 2.11 / CUDA 13, bench/gpu_first.py): 0.99 GB of the device used outside torch's
+# allocator once a process had run a learner, FSDP over NCCL and the fp32 head (its loaded kernels and cuBLAS's
+# workspaces with it); PyTorch's maintainers give ~0.3-0.4 GB for a bare context (pytorch/pytorch#107667, #109888)
+CUDA_CONTEXT = 1.0 * GB
 # NCCL's buffers in the weights group (rank 0 and every engine process; broadcasts, which NCCL runs on rings only), as
 # NCCL 2.2x sizes them (src/init.cc, src/transport/p2p.cc): per channel the receiving connection's LL (512 KiB), LL128
 # (4.6875 MiB) and SIMPLE (NCCL_BUFFSIZE, 4 MiB) buffers, 10 MiB in cuMem's 2 MiB granules, and the sending one's 2

@@ -11,7 +11,7 @@
 5. the learner at a paper-like length mix (a Llama-3.2-1B-shaped model, rows of lognormal lengths up to 8k) beside
    plain transformers (fp32 weights, bf16 autocast, sdpa, the loss over the full vocabulary, fused AdamW) on the
    same micro-batches: tokens/s and 6N-MFU;
-6. the CUDA context: what the process holds outside torch's allocator, against the memory model's stated figure.
+6. the CUDA context: what the process holds outside torch's allocator, against the memory model's figure.
 
     python bench/gpu_first.py            # on a GPU: one table, exit 1 if a check failed
     python bench/gpu_first.py --small    # on a CPU: the same code at toy shapes, to check it runs
@@ -292,14 +292,14 @@ def learner_speed(checks: Checks, device: torch.device, small: bool) -> None:
 def cuda_context(checks: Checks, device: torch.device, small: bool) -> None:
     """What the process holds on the GPU outside torch's allocator after the parts above (CUDA's context, its loaded
     kernels, cuBLAS's workspaces): the device's used memory less torch's reserved, against the memory model's
-    stated figure for an engine process (memory.CUDA_CONTEXT)."""
+    figure for an engine process (memory.CUDA_CONTEXT, measured so on an H200)."""
     if device.type != "cuda":
         return
     free, total = torch.cuda.mem_get_info()
     outside = (total - free - torch.cuda.memory_reserved()) / 1e9
     stated = memory.CUDA_CONTEXT / memory.GB
     checks.add("CUDA context", "device used - torch reserved, after the parts above",
-               f"{outside:.2f} GB (the memory model states {stated:.2f})", passed=outside <= max(stated, 0) * 2)
+               f"{outside:.2f} GB (the memory model: {stated:.2f})", passed=outside <= 1.25 * stated)
 
 
 PARTS = {"attention": attention, "head-gradient": head_gradient, "head-speed": head_speed, "fsdp": fsdp_one_rank,

@@ -214,21 +214,21 @@ def test_the_memory_model_adds_up_a_trainer_and_a_generator_gpu_by_hand():
     # engines: 1,352 bf16 weights, twice in an engine process, and a KV cache of 2 x 2 layers x 4 x 2 = 32 B a token
     assert memory.torch_engine(shape, compute=2, copies=2, rows=12, row_tokens=1000) == {
         "generator's weights": 2 * 2 * 1352, "generator's KV cache": 12 * 1000 * 32}
-    # outside vLLM's share: the CUDA context (0.5 GB) and, in an engine process of its own, NCCL's buffers of the
+    # outside vLLM's share: the CUDA context (1.0 GB) and, in an engine process of its own, NCCL's buffers of the
     # weights group: 32 ring channels of 10 + 2 MiB, and NVLS's 16 channels x 2 x 8 steps x 128 KiB x 8 heads + 2 MiB
     ring, nvls = 32 * 12 * 2**20, 16 * 2 * 8 * 128 * 1024 * 8 + 2 * 2**20
     assert memory.vllm_engine(gpu_bytes=10e9, utilization=0.5) == {
-        "vLLM (gpu_memory_utilization)": 5e9, "CUDA context": 0.5e9, "NCCL's ring buffers (weights group)": ring,
+        "vLLM (gpu_memory_utilization)": 5e9, "CUDA context": 1e9, "NCCL's ring buffers (weights group)": ring,
         "NCCL's NVLS buffers (NVSwitch nodes)": nvls}
     assert memory.vllm_engine(gpu_bytes=10e9, utilization=0.5, weights_group=False) == {
-        "vLLM (gpu_memory_utilization)": 5e9, "CUDA context": 0.5e9}
+        "vLLM (gpu_memory_utilization)": 5e9, "CUDA context": 1e9}
     # unset, vLLM's share: what 12 rows of 1e8 tokens need, 2 x 1,352 + 12 x 1e8 x 32 = 38.4 GB and the 4 GB workspace,
-    # 42.4 GB of a 100 GB GPU; of a 20 GB one, all the room beside what lives outside vLLM (0.5 GB + 402,653,184 +
-    # 270,532,608) and 3 GB beside it (a staging copy, a validation cache), 15.83 GB: 0.79; of a 10 GB one, the least
+    # 42.4 GB of a 100 GB GPU; of a 20 GB one, all the room beside what lives outside vLLM (1.0 GB + 402,653,184 +
+    # 270,532,608) and 3 GB beside it (a staging copy, a validation cache), 15.33 GB: 0.77; of a 10 GB one, the least
     # vLLM runs with, one row: 3.2 + 4 GB, 0.72
     share = functools.partial(memory.vllm_share, shape, compute=2, rows=12, row_tokens=1e8, beside=3e9)
     assert share(gpu_bytes=100e9) == pytest.approx((2 * 1352 + 12 * 1e8 * 32 + memory.VLLM_WORKSPACE) / 100e9)
-    assert share(gpu_bytes=20e9) == pytest.approx((20e9 - 0.5e9 - ring - nvls - 3e9) / 20e9)
+    assert share(gpu_bytes=20e9) == pytest.approx((20e9 - 1e9 - ring - nvls - 3e9) / 20e9)
     assert share(gpu_bytes=10e9) == pytest.approx((2 * 1352 + 1e8 * 32 + memory.VLLM_WORKSPACE) / 10e9)
     assert memory.vllm_room(shape, compute=2, gpu_bytes=1e4, utilization=0.25, tensor_parallel=2) == 2500 - 1352
     assert memory.micro_batch_tokens(8, 65536, 16384) == 4 * 16384 and memory.micro_batch_tokens(8, 0, 100) == 800
