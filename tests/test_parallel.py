@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -587,7 +588,25 @@ def _never_reached(groups) -> str:
 
 
 class Requeued(Exception):
-    """What the test below's stand-in for submitit's handler raises (submitit's requeues the job, then exits)."""
+    """What the tests' stand-in for submitit's handler raises (submitit's requeues the job, then exits)."""
+
+
+@contextmanager
+def submitit_handlers():
+    """submitit's handlers as a job's process has them, for the tests below: USR2 requeues (here: raises Requeued),
+    SIGTERM is bypassed (the requeue is under way); yields them (requeue, bypass), restores the ones before."""
+    def requeue(signum, frame) -> None:
+        raise Requeued
+
+    def bypass(signum, frame) -> None:
+        pass
+
+    displaced, terminate = signal.signal(signal.SIGUSR2, requeue), signal.signal(signal.SIGTERM, bypass)
+    try:
+        yield requeue, bypass
+    finally:
+        signal.signal(signal.SIGUSR2, displaced)
+        signal.signal(signal.SIGTERM, terminate)
 
 
 def test_a_warning_while_the_ranks_start_requeues_the_job_instead_of_killing_them():
@@ -612,25 +631,16 @@ def test_a_warning_while_the_ranks_start_requeues_the_job_instead_of_killing_the
                 warned.add(pid)
             time.sleep(0.005)
 
-    def requeue(signum, frame) -> None:
-        raise Requeued
-
-    def bypass(signum, frame) -> None:  # submitit's answer to SIGTERM: ignore it, the requeue is under way
-        pass
-
-    displaced = signal.signal(signal.SIGUSR2, requeue)
-    terminate = signal.signal(signal.SIGTERM, bypass)
     sender = threading.Thread(target=warn_as_the_ranks_appear, daemon=True)
-    sender.start()
-    try:
-        with pytest.raises(Requeued):
-            processes.launch(cfg, _never_reached)
-        assert signal.getsignal(signal.SIGTERM) is bypass
-    finally:
-        stop.set()
-        sender.join()
-        signal.signal(signal.SIGUSR2, displaced)
-        signal.signal(signal.SIGTERM, terminate)
+    with submitit_handlers() as (_, bypass):
+        sender.start()
+        try:
+            with pytest.raises(Requeued):
+                processes.launch(cfg, _never_reached)
+            assert signal.getsignal(signal.SIGTERM) is bypass
+        finally:
+            stop.set()
+            sender.join()
     assert len(warned) == 2
     assert signal.SIGUSR2 not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
 
@@ -677,26 +687,17 @@ def test_the_time_limit_inside_torchs_launcher_after_the_warning_still_requeues_
         sent.append(rank_0)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    def requeue(signum, frame) -> None:
-        raise Requeued
-
-    def bypass(signum, frame) -> None:  # submitit's answer to SIGTERM: ignore it, the requeue is under way
-        pass
-
-    displaced = signal.signal(signal.SIGUSR2, requeue)
-    terminate = signal.signal(signal.SIGTERM, bypass)
     sender = threading.Thread(target=warn_then_stop, daemon=True)
     began = time.monotonic()
-    sender.start()
-    try:
-        with pytest.raises(Requeued):
-            processes.launch(cfg, _slow_to_stop, str(started))
-        assert time.monotonic() - began < 100  # rank 0's 120 s were not waited out
-        assert signal.getsignal(signal.SIGTERM) is bypass and signal.getsignal(signal.SIGUSR2) is requeue
-    finally:
-        sender.join()
-        signal.signal(signal.SIGUSR2, displaced)
-        signal.signal(signal.SIGTERM, terminate)
+    with submitit_handlers() as (requeue, bypass):
+        sender.start()
+        try:
+            with pytest.raises(Requeued):
+                processes.launch(cfg, _slow_to_stop, str(started))
+            assert time.monotonic() - began < 100  # rank 0's 120 s were not waited out
+            assert signal.getsignal(signal.SIGTERM) is bypass and signal.getsignal(signal.SIGUSR2) is requeue
+        finally:
+            sender.join()
     assert sent and not Path(f"/proc/{sent[0]}").exists()  # rank 0 stopped by the launcher
 
 
