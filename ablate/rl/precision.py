@@ -61,7 +61,7 @@ def _held(t: torch.Tensor, operands: torch.dtype, dtype: torch.dtype) -> torch.T
     """An operand as the products take it: rounded to `operands`; where no GEMM takes those into `dtype` directly
     (off CUDA), upcast again (the same values). A no-op for a tensor already so."""
     rounded = t.to(operands)
-    return rounded if _wide(t) else rounded.to(dtype) if operands.itemsize < dtype.itemsize else rounded
+    return rounded if _wide(t) else rounded.to(torch.promote_types(operands, dtype))
 
 
 class _Head(torch.autograd.Function):
@@ -86,7 +86,7 @@ class _Head(torch.autograd.Function):
             lse[rows] = torch.logsumexp(logits, dim=-1)
             logp[rows] = logits.gather(-1, targets[rows, None]).squeeze(-1) - lse[rows]
         ctx.save_for_backward(h, w, b, targets, lse)
-        ctx.dtypes = (hidden.dtype, weight.dtype, dtype, operands)
+        ctx.dtypes = (hidden.dtype, dtype, operands)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
         return logp
 
@@ -101,7 +101,7 @@ class _Head(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         h, w, b, targets, lse = ctx.saved_tensors
-        hidden_dtype, _, dtype, operands = ctx.dtypes
+        hidden_dtype, dtype, operands = ctx.dtypes
         want_h, want_w, want_b = ctx.needs_input_grad[:3]
         grad_h = torch.empty(h.shape, dtype=hidden_dtype, device=h.device) if want_h else None
         grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if want_w else None
