@@ -132,14 +132,14 @@ def learner(args, device: torch.device, peak: float) -> None:
             changed.append(_changed(params, before))
         seconds = sum(times[1:]) / len(times[1:])
         mfu = 6 * n_params * tokens / seconds / (peak * 1e12)
-        print(f"{name:<34} {seconds:>7.2f} {mfu:>6.1%} {_peak_gb(device):>8.1f} {_estimate_gb(cfg, ro):>9.1f} "
+        print(f"{name:<34} {seconds:>7.2f} {mfu:>6.1%} {_peak_gb(device):>8.1f} {estimate_bytes(cfg, ro) / 2**30:>9.1f} "
               f"{' '.join(f'{c:.1%}' for c in changed):>16}", flush=True)
         del model, params
 
 
-def _estimate_gb(cfg, ro: Rollouts) -> float:
+def estimate_bytes(cfg, ro: Rollouts) -> float:
     """The memory model's peak (ablate/memory.py, what the check before submit reads) for this learner at these
-    rollouts' largest micro-batch, in GiB as the peak column."""
+    rollouts' largest micro-batch, in bytes (bench/gpu_first.py reads it too)."""
     from ablate import memory
     from ablate.checks import model_shape
     from ablate.trainer import micro_batches
@@ -151,7 +151,7 @@ def _estimate_gb(cfg, ro: Rollouts) -> float:
                               checkpointing=bool(cfg.train.activation_checkpointing),
                               compute=getattr(torch, cfg.model.dtype).itemsize,
                               head=getattr(torch, cfg.precision.head_dtype).itemsize)
-    return estimate.total / 2**30
+    return estimate.total
 
 
 def generators(args, device: torch.device) -> None:

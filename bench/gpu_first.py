@@ -2,8 +2,8 @@
 
 1. attention: a Llama-3-shaped decoder (32 heads, 8 K/V heads, 2 layers of Llama-3.1-8B's width) through the
    learner, one row of 8k and of 16k tokens, bf16 compute under sdpa_kernel([FLASH_ATTENTION]) and fp32 compute under
-   sdpa_kernel([EFFICIENT_ATTENTION]): each raises where its kernel is not eligible; peak memory beside the memory
-   model's estimate (ablate/memory.py);
+   sdpa_kernel([EFFICIENT_ATTENTION]): each raises where its kernel is not eligible; a second step's peak memory
+   (AdamW's moments made by the first) beside the memory model's estimate of that micro-batch (ablate/memory.py);
 2. the LM head's weight gradient at 1 and 32 chunks against fp64, on the GPU's own kernels (tensor cores);
 3. the fp32 head (bf16 operands into fp32) against fp32_exact (fp32 operands): seconds forward and backward at
    V 128,256, H 4,096, 16,384 tokens;
@@ -32,10 +32,11 @@ from omegaconf import OmegaConf
 
 from ablate import memory
 from ablate.config import compose
-from ablate.policy import build_policy, compute_dtype
+from ablate.policy import build_policy
 from ablate.rl import precision
 from ablate.rollouts import Rollouts
 from ablate.trainer import Learner, micro_batches
+from bench_gpu import estimate_bytes
 
 LLAMA3_8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
              "vocab_size": 128256, "tie_word_embeddings": False}
@@ -119,16 +120,6 @@ def _kernel(device: torch.device, dtype: str):
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION if dtype == "bfloat16" else SDPBackend.EFFICIENT_ATTENTION])
 
 
-def _model_gb(cfg, tokens: int) -> float:
-    from ablate.checks import model_shape
-
-    estimate = memory.trainer(model_shape(cfg.model), ranks=1, micro_tokens=tokens,
-                              checkpointing=bool(cfg.train.activation_checkpointing),
-                              compute=getattr(torch, cfg.model.dtype).itemsize,
-                              head=getattr(torch, cfg.precision.head_dtype).itemsize)
-    return estimate.total / 1e9
-
-
 def attention(checks: Checks, device: torch.device, small: bool) -> None:
     folder = _folder(SMALL if small else LLAMA3_8B, layers=2)
     for dtype in ("bfloat16", "float32"):
@@ -137,15 +128,17 @@ def attention(checks: Checks, device: torch.device, small: bool) -> None:
             cfg = _cfg(folder, device, dtype)
             learner = Learner(cfg, build_policy(cfg.model, read_weights=False))
             ro = _rollouts([tokens - 256] * 2, 256, learner.policy.config.vocab_size, device)
-            _reset(device)
+            keep = torch.ones(ro.n, dtype=torch.bool, device=device)
             try:
                 with _kernel(device, dtype):
+                    learner.step(ro, ro.rewards, keep)  # AdamW's moments made: the steady state the model counts
+                    _reset(device)
                     _sync(device)
                     began = time.perf_counter()
-                    learner.step(ro, ro.rewards, torch.ones(ro.n, dtype=torch.bool, device=device))
+                    learner.step(ro, ro.rewards, keep)
                     _sync(device)
                 seconds = time.perf_counter() - began
-                peak, model = _peak_gb(device), _model_gb(cfg, tokens)
+                peak, model = _peak_gb(device), estimate_bytes(cfg, ro) / 1e9  # the micro-batch's
                 checks.add("attention", f"{dtype} {kernel}, 2 rows x {tokens}",
                            f"{seconds:.2f} s, peak {peak:.1f} GB, memory model {model:.1f}",
                            passed=math.isnan(peak) or peak <= model * 1.1)
