@@ -169,8 +169,8 @@ class MathTask(Task):
     prompt_template: str = ("Solve the following math problem. Think it through step by step, then write only the "
                             "final answer, as \\boxed{{answer}}.\n\nProblem: {problem}\n<think>\n")
     task_seed: int = 1234  # the held-out split
-    # the data (ablate/tasks/data.py): data_path is a .jsonl, .json, .parquet or .csv file, a folder shaped like a hub
-    # download, or a hub id (owner/name; data_split and data_revision apply to folders and ids); val_data_path, a
+    # the data (ablate/tasks/records.py): data_path is a .jsonl, .json, .parquet or .csv file, a folder shaped like a
+    # hub download, or a hub id (owner/name; data_split and data_revision apply to folders and ids); val_data_path, a
     # validation set of its own (then n_val_prompts come from it and none of its problems trains); fields, the
     # columns holding each record's problem, answer and solution (a dotted name reaches into nested records; a
     # problem may be a conversation, a list of {role, content} turns, rendered with task.chat_template)

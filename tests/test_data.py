@@ -1,4 +1,4 @@
-"""task=math's data as users bring it (ablate/tasks/data.py): parquet and JSON files with their own field names, a
+"""task=math's data as users bring it (ablate/tasks/records.py): parquet and JSON files with their own field names, a
 folder shaped like a hub download, conversations, a validation file of its own, prompts too long for the budget,
 and the pre-flight that reads them before any run."""
 

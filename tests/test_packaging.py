@@ -31,3 +31,12 @@ def test_a_built_wheel_carries_the_config_tree_and_runs_from_it(tmp_path: Path):
     out = run_cli("-m", "ablate", "sweep=loo", "sweep.dry_run=true", cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
     assert "loo-batch" in out.stdout and "9 variants" in out.stdout
+
+
+def test_no_module_shares_its_name_with_a_folder_beside_it():
+    """One name per thing: no module beside a folder of its name (task=math's reader of records,
+    ablate/tasks/records.py, once had the name of the folder beside it that ships its sample)."""
+    shared = [str(p.relative_to(ROOT)) for package in ("ablate", "launch", "analysis")
+              for p in sorted((ROOT / package).rglob("*.py")) if p.with_suffix("").is_dir()]
+    assert shared == [], f"a module and a folder of one name: {shared}"
+    assert (ROOT / "ablate" / "tasks" / "data" / "math_sample.jsonl").is_file()

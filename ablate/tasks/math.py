@@ -1,11 +1,11 @@
 """task=math: math word and competition problems, scored by checking the final answer.
 
 Each record has a problem and an answer (optionally a solution, a worked completion used for the warm start), read
-by ablate/tasks/data.py from `data_path` (a file, a folder or a hub id; the columns named by `fields`); it defaults to
-the small sample kept in the repo (`ablate/tasks/data/math_sample.jsonl`). Repeated problems are kept once and, with
-`max_prompt_tokens`, prompts too long dropped (or refused). The splits are a permutation drawn from `task_seed`: the
-first `n_val_prompts` problems are held out for validation (or drawn from `val_data_path`, whose problems then never
-train), the rest (or the first `n_train_prompts` of them) are for training.
+by ablate/tasks/records.py from `data_path` (a file, a folder or a hub id; the columns named by `fields`); it defaults
+to the small sample kept in the repo (`ablate/tasks/data/math_sample.jsonl`). Repeated problems are kept once and,
+with `max_prompt_tokens`, prompts too long dropped (or refused). The splits are a permutation drawn from `task_seed`:
+the first `n_val_prompts` problems are held out for validation (or drawn from `val_data_path`, whose problems then
+never train), the rest (or the first `n_train_prompts` of them) are for training.
 
 A completion's answer is the last `\\boxed{...}` of its final answer (the text after `</think>`), else its last
 number. It is correct when it is mathematically equal to the reference: `math_verify` (Hugging Face's Math-Verify,
@@ -31,7 +31,7 @@ from sympy.parsing.sympy_parser import (
     standard_transformations,
 )
 
-from ablate.tasks import data
+from ablate.tasks import records
 from ablate.tasks.base import Problem, Task, final_answer
 
 try:
@@ -59,15 +59,17 @@ def read_problems(path: Path) -> list[dict]:
 
 def _problems(source: str, fields: dict, split: str, revision: str | None) -> list[tuple]:
     """(problem, answer, solution) of each record of `source`, by the task's field names."""
-    unknown = sorted(set(fields) - set(data.FIELDS))
+    unknown = sorted(set(fields) - set(records.FIELDS))
     if unknown:
-        raise ValueError(f"task.fields: unknown {unknown}; known: {list(data.FIELDS)} (each names a record's column)")
-    names = {**{name: name for name in data.FIELDS}, **fields}
+        raise ValueError(f"task.fields: unknown {unknown}; known: {list(records.FIELDS)} (each names a record's "
+                         "column)")
+    names = {**{name: name for name in records.FIELDS}, **fields}
     out = []
-    for number, record in data.read_records(source, split, revision):
+    for number, record in records.read_records(source, split, revision):
         where = f"task=math: {source}:{number}"
-        solution = data.field(record, names["solution"])
-        out.append((data.problem_of(record, names["problem"], where), data.answer_of(record, names["answer"], where),
+        solution = records.field(record, names["solution"])
+        out.append((records.problem_of(record, names["problem"], where),
+                    records.answer_of(record, names["answer"], where),
                     solution if isinstance(solution, str) and solution else None))
     return out
 
