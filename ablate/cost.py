@@ -14,7 +14,10 @@ from ablate.compute import ReferenceClock, StepFlops
 # measured on a lent H100, 2026-11-22/23 (docs/design.md#the-cost-model): raw vLLM's tokens/s on a 0.89B random
 # Llama, 512 rows x 512 new tokens (an upper bound for long rows), scaled to N parameters by FLOPs
 ANCHOR_PARAMS, ANCHOR_GEN_TOKENS_PER_S = 0.89e9, 26_000.0
-H100_PEAK_TFLOPS = 989.0  # dense bf16, the data sheet's (a measured 8192^3 matmul: 798)
+# a GPU kind's dense bf16 TFLOP/s, the data sheets' (an H200 has the H100's tensor cores): the one peak an MFU is
+# stated against, here (run.peak_tflops when 0, launcher.train_mfu) and in every bench. A peak, not what a matmul
+# reaches: an 8192^3 one measured 798 on a lent H100 (docs/design.md#the-cost-model)
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0}
 PAPER_GPU_HOURS = 16_000.0  # a LOO run at 8B (docs/design.md#what-the-paper-says)
 MIN_SIGNAL_DELAY_S = 120  # SLURM's warning, at least (submitit's default; the requeue itself takes seconds)
 REQUEUE_S = 30.0  # after the checkpoint: the requeue, the engines closed, the processes gone
@@ -87,11 +90,17 @@ def colocated(steps: int, generate_s: float, train_s: float, trainer_gpus: int) 
                     steps=steps, gpus=trainer_gpus)
 
 
+def peak_tflops(device_name: str) -> float | None:
+    """The dense bf16 peak (PEAK_TFLOPS) of the GPU kind a device's name holds (torch.cuda.get_device_name's: "NVIDIA
+    H100 80GB HBM3" is an H100); None for a kind the table does not hold."""
+    return next((peak for kind, peak in PEAK_TFLOPS.items() if kind in device_name.upper()), None)
+
+
 def throughput(cfg, params: float) -> Throughput:
     """The GPUs' speed for the run `cfg` of a `params`-parameter model: launcher.train_mfu of run.peak_tflops (an
     H100's when 0), launcher.gen_tokens_per_s (unset: the anchor)."""
-    return Throughput.of(params, float(cfg.run.get("peak_tflops") or H100_PEAK_TFLOPS), float(cfg.launcher.train_mfu),
-                         cfg.launcher.get("gen_tokens_per_s"))
+    return Throughput.of(params, float(cfg.run.get("peak_tflops") or PEAK_TFLOPS["H100"]),
+                         float(cfg.launcher.train_mfu), cfg.launcher.get("gen_tokens_per_s"))
 
 
 def estimate(cfg, params: float, completion: float, kept: float = 1.0) -> Estimate:

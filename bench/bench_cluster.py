@@ -21,16 +21,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ablate.cost import ANCHOR_GEN_TOKENS_PER_S, ANCHOR_PARAMS, PAPER_GPU_HOURS, Throughput, Work  # noqa: E402
+from ablate.cost import (ANCHOR_GEN_TOKENS_PER_S, ANCHOR_PARAMS, PAPER_GPU_HOURS, PEAK_TFLOPS, Throughput,  # noqa: E402
+                         Work)
 from ablate.cost import simulate as run_clock  # noqa: E402
-from ablate.memory import (GB, Process, Shape, kv_bytes_per_token, layer_activation_bytes,  # noqa: E402
-                           micro_batch_tokens, staging_slack, trainer, vllm_engine, vllm_room)
+from ablate.memory import (GB, Process, Shape, kv_bytes_per_token, largest_micro_batch,  # noqa: E402
+                           layer_activation_bytes, micro_batch_tokens, staging_slack, trainer, vllm_engine, vllm_room)
 from ablate.offpolicy import PipelineRL, PPOOffPolicy  # noqa: E402
 
 SETTLED = Path(__file__).resolve().parent / "adaptive_settle.json"
-# measured on a lent H100, 2026-11-22/23 (docs/design.md#the-cost-model): the dense bf16 matmul peak (8192^3);
-# FSDP2's MFU in plain transformers on a 0.89B random Llama (raw vLLM's tokens/s: ablate/cost.py's anchor)
-H100_PEAK_TFLOPS = 798.0
+# measured on a lent H100, 2026-11-22/23 (docs/design.md#the-cost-model): FSDP2's MFU in plain transformers on a
+# 0.89B random Llama, of the H100's dense bf16 peak (ablate.cost.PEAK_TFLOPS, 989): 6 x 0.89B x 73,728 tokens in
+# 1.24 s (raw vLLM's tokens/s: ablate/cost.py's anchor)
 ANCHOR = {"params": ANCHOR_PARAMS, "gen_tokens_per_s": ANCHOR_GEN_TOKENS_PER_S, "train_mfu": 0.32}
 
 @dataclass(frozen=True)
@@ -80,7 +81,8 @@ def main() -> None:
     p.add_argument("--gen-tokens-per-s", type=float, default=None,
                    help="generated tokens/s per generator GPU (default: the H100 anchor scaled by FLOPs)")
     p.add_argument("--train-mfu", type=float, default=ANCHOR["train_mfu"], help="trainer MFU (default: 0.32)")
-    p.add_argument("--peak-tflops", type=float, default=H100_PEAK_TFLOPS, help="dense bf16 peak per GPU")
+    p.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS["H100"],
+                   help="dense bf16 peak per GPU, TFLOP/s (default: an H100's, ablate.cost.PEAK_TFLOPS)")
     p.add_argument("--sync-gb-per-s", type=float, default=20.0,
                    help="weight broadcast bandwidth to the generator GPUs, GB/s (0: no sync cost)")
     p.add_argument("--gpu-gb", type=float, default=85.0, help="memory per GPU, GB, as the device reports it (an \"80 GB\" H100: 85)")
@@ -89,7 +91,8 @@ def main() -> None:
                    help="tokens per micro-batch, padded, at most (train.micro_batch_tokens, paper_8b's; 0: no cap)")
     p.add_argument("--no-checkpointing", action="store_true",
                    help="train.activation_checkpointing=false (paper_8b: true)")
-    p.add_argument("--max-len", type=float, default=16384.0, help="the longest row: prompt + completion budgets")
+    p.add_argument("--max-len", type=int, default=16404, help="the longest row (memory.longest_row): paper_8b's "
+                   "budgets, 16,384, and the interruption's phrase, 20 of Llama-3's tokens")
     p.add_argument("--utilization", type=float, default=0.5, help="vLLM's share of a GPU (gpu_memory_utilization)")
     p.add_argument("--direct", action="store_true", help="generator.weight_transfer=direct: no staged copy")
     p.add_argument("--waves", type=int, default=4, help="batches decoding at once (generator.max_waves)")
@@ -157,8 +160,9 @@ def print_memory(a, shape: Shape) -> None:
     checkpointing = not a.no_checkpointing
     print(f"\nmemory per GPU ({a.gpu_gb:g} GB; an 8B Llama's decoder layer keeps "
           f"{layer_activation_bytes(shape, 2) / 1024:,.0f} KiB of activations per token in bf16):")
-    for label, length in (("mean rows", a.prompt_len + a.completion), ("longest rows", a.max_len)):
-        tokens = micro_batch_tokens(a.micro_rows, a.micro_tokens, length)
+    mean = a.prompt_len + a.completion  # rows all of the mean length; rows up to the longest, as the check takes them
+    for label, tokens in (("mean rows", micro_batch_tokens(a.micro_rows, a.micro_tokens, mean)),
+                          ("longest rows", largest_micro_batch(a.micro_rows, a.micro_tokens, a.max_len))):
         m = trainer(shape, ranks=a.trainers, micro_tokens=tokens, checkpointing=checkpointing, compute=2, head=4)
         other = trainer(shape, ranks=a.trainers, micro_tokens=tokens, checkpointing=not checkpointing, compute=2,
                         head=4)

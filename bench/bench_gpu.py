@@ -1,9 +1,10 @@
 """One-device speed of the trainer's parts on a ~1B random Llama (model=llama_1b: 16 x 2048), under
 experiment=paper_8b's optimizer and precision (fp32 master weights, bf16 compute, fp32 head, AdamW at lr 5e-7):
 
-- learner: seconds per step, MFU (6 x parameters x tokens per second / --peak-tflops; default an H100's 989, on a CPU
-  a measured matmul), peak memory and the share of weights one step changes, for row and token-budget micro-batches,
-  with and without activation checkpointing (its rollouts: random tokens, rewards 0 and 1 in turn, spread lengths);
+- learner: seconds per step, MFU (6 x parameters x tokens per second / --peak-tflops; default the GPU kind's dense
+  bf16 peak, ablate.cost.PEAK_TFLOPS, 989 for an H100 or H200; on a CPU a measured matmul), peak memory and the
+  share of weights one step changes, for row and token-budget micro-batches, with and without activation
+  checkpointing (its rollouts: random tokens, rewards 0 and 1 in turn, spread lengths);
 - generators: tokens per second of the hf engine and of vLLM (when installed), R rows x N new tokens; vLLM's sync;
 - whole run: experiment=paper_8b model=llama_1b on the synthetic task: seconds per step, idle and wait fractions,
   and the median bf16 log-prob gap between trainer and generator after the loads (train/logprob_gap).
@@ -24,6 +25,7 @@ import torch
 from common import run_trainer
 from omegaconf import OmegaConf
 
+from ablate import cost
 from ablate.config import compose
 from ablate.generators.engine import Engine, Limits, Sequence
 from ablate.policy import build_policy, weights_in
@@ -85,11 +87,17 @@ def _changed(params: list[torch.Tensor], before: list[tuple[torch.Tensor, torch.
 
 
 def peak_tflops(args, device: torch.device, dtype: torch.dtype) -> float:
-    """--peak-tflops; else an H100's dense bf16 (989) on CUDA; else a measured matmul in the compute dtype."""
+    """--peak-tflops; else on CUDA the dense bf16 peak of the device's kind (ablate.cost.PEAK_TFLOPS; another kind
+    needs --peak-tflops); else a measured matmul in the compute dtype."""
     if args.peak_tflops:
         return args.peak_tflops
     if device.type == "cuda":
-        return 989.0
+        name = torch.cuda.get_device_name(device)
+        peak = cost.peak_tflops(name)
+        if peak is None:
+            raise SystemExit(f"{name}: no dense bf16 peak for its kind in ablate.cost.PEAK_TFLOPS "
+                             f"({', '.join(cost.PEAK_TFLOPS)}): give --peak-tflops")
+        return peak
     n = 1024
     a = torch.randn(n, n, dtype=dtype)
     a @ a

@@ -30,7 +30,7 @@ import time
 import torch
 from omegaconf import OmegaConf
 
-from ablate import memory
+from ablate import cost, memory
 from ablate.config import compose
 from ablate.policy import build_policy
 from ablate.rl import precision
@@ -44,7 +44,6 @@ LLAMA3_1B = {"hidden_size": 2048, "intermediate_size": 8192, "num_attention_head
              "vocab_size": 128256, "tie_word_embeddings": True, "num_hidden_layers": 16}
 SMALL = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 8, "num_key_value_heads": 2,
          "vocab_size": 4096}
-PEAK_TFLOPS = 989.0  # H100/H200 dense bf16, the figure the cost model prices the learner at (run.peak_tflops)
 
 
 class Checks:
@@ -258,7 +257,8 @@ def learner_speed(checks: Checks, device: torch.device, small: bool) -> None:
     learner = Learner(cfg, build_policy(cfg.model, read_weights=False))
     n_params = sum(p.numel() for p in learner.policy.parameters())
     batches = micro_batches(ro.prompt_mask.sum(dim=1) + ro.lengths, keep, 1024, budget)
-    peak = PEAK_TFLOPS if device.type == "cuda" else float("nan")
+    # the device's kind's dense bf16 peak, the cost model's (ablate.cost.PEAK_TFLOPS); no MFU for another kind
+    peak = (cost.peak_tflops(torch.cuda.get_device_name(device)) or math.nan) if device.type == "cuda" else math.nan
     for name in ("ours", "plain transformers"):
         if name == "ours":
             step = lambda: learner.step(ro, ro.rewards, keep)  # noqa: E731

@@ -62,3 +62,43 @@ def test_the_warnings_margin_and_its_size_by_hand():
     assert cost.signal_delay({"learner step": 171.0, "requeue": 30.0}) == 360  # 301.5 s: the next minute
     no_validation = cost.warning_margin(compose([*SMALL, "train.val_every=0"]), 1e9, 6e9)
     assert no_validation["validation"] == 0.0 and no_validation["learner step"] == pytest.approx(0.16)  # 1 GPU
+
+
+def test_one_peak_a_gpu_kind_prices_the_learner_in_the_cost_model_and_the_benches(monkeypatch, capsys):
+    """A GPU kind's dense bf16 peak is one figure, ablate.cost.PEAK_TFLOPS: 989 TFLOP/s for an H100 and for an H200
+    (the same tensor cores). The pre-flight's cost model (run.peak_tflops unset) and bench/bench_cluster.py at its
+    defaults price the learner alike, launcher.train_mfu 0.32 x 989e12 / (6 x 8e9) = 6,593 tokens/s a trainer GPU;
+    before, bench_cluster priced it against 798 (an 8192^3 matmul measured on an H100: achieved, not the peak), 5,320.
+    The anchor's 32% is of 989: FSDP2 trained 64 x 1,152 tokens of the 0.89B Llama in 1.24 s, 6 x 0.89e9 x 73,728 /
+    1.24 s = 317 TFLOP/s (of 798 it would be 39.8%). bench_gpu.py reads the CUDA device's kind, and refuses one the
+    table lacks, naming --peak-tflops."""
+    import sys
+    from types import SimpleNamespace
+
+    import torch
+
+    from conftest import ROOT
+    from test_compute import _bench_cluster
+
+    assert cost.PEAK_TFLOPS == {"H100": 989.0, "H200": 989.0}
+    assert cost.peak_tflops("NVIDIA H100 80GB HBM3") == cost.peak_tflops("NVIDIA H200") == 989.0
+    assert cost.peak_tflops("NVIDIA A100-SXM4-80GB") is None
+    assert 6 * cost.ANCHOR_PARAMS * 64 * 1152 / 1.24 / 989e12 == pytest.approx(0.321, abs=0.0005)
+
+    preflight = cost.throughput(compose(["experiment=paper_8b", "run.peak_tflops=0"]), 8e9).train
+    assert preflight == pytest.approx(0.32 * 989e12 / 48e9) == pytest.approx(6593.3, abs=0.05)
+    monkeypatch.setattr(sys, "argv", ["bench_cluster.py"])
+    _bench_cluster().main()
+    assert f"trainer {preflight:,.0f} tokens/s (32% MFU)" in capsys.readouterr().out
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import bench_gpu
+
+    args = SimpleNamespace(peak_tflops=0.0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    assert bench_gpu.peak_tflops(args, torch.device("cuda"), torch.bfloat16) == 989.0
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    with pytest.raises(SystemExit, match=r"^NVIDIA A100-SXM4-80GB: no dense bf16 peak for its kind in "
+                                         r"ablate.cost.PEAK_TFLOPS \(H100, H200\): give --peak-tflops$"):
+        bench_gpu.peak_tflops(args, torch.device("cuda"), torch.bfloat16)
+    assert bench_gpu.peak_tflops(SimpleNamespace(peak_tflops=756.0), torch.device("cuda"), torch.bfloat16) == 756.0
