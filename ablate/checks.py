@@ -45,15 +45,17 @@ def check_model(model: DictConfig) -> None:
         raise ValueError(f"model.path={model.path}: {where}: {reason}") from None
 
 
-def preflight(cfg: DictConfig) -> list[str]:
+def preflight(cfg: DictConfig, tokenizer=None) -> list[str]:
     """What a run is made of, checked before any run (each check fails in one line) and printed: the stop tokens, the
-    model's size and positions, the data's splits; the tokenizer loaded once for all of them."""
-    tokenizer = _tokenizer(cfg.model)
+    model's size and positions, the data's splits; the tokenizer (`tokenizer_of`) loaded once for all of them."""
+    tokenizer = tokenizer if tokenizer is not None else tokenizer_of(cfg.model)
     return [line for line in (check_stops(cfg, tokenizer), check_lengths(cfg, tokenizer), check_task(cfg, tokenizer))
             if line]
 
 
-def _tokenizer(model: DictConfig):
+def tokenizer_of(model: DictConfig):
+    """The policy's tokenizer, as the jobs load it (ablate.policy.build_tokenizer); a folder with none fails in one
+    line."""
     from ablate.policy import build_tokenizer
 
     try:
@@ -71,31 +73,28 @@ def check_stops(cfg: DictConfig, tokenizer=None) -> str | None:
         return None
     from ablate.policy import describe_stops, stop_token_ids
 
-    tokenizer = tokenizer if tokenizer is not None else _tokenizer(cfg.model)
+    tokenizer = tokenizer if tokenizer is not None else tokenizer_of(cfg.model)
     ids = stop_token_ids(cfg.model, cfg.generation, tokenizer)
     return f"stop tokens ({cfg.model.path}): {describe_stops(ids, tokenizer)}"
 
 
 def check_lengths(cfg: DictConfig, tokenizer=None) -> str | None:
-    """Fail at once, in one line, when a row at its longest (generation.max_prompt_tokens + max_think_tokens +
-    the interruption's phrase, in this tokenizer's tokens + max_answer_tokens) would pass the positions of a model
-    from model.path (max_position_embeddings): vLLM refuses to start, and our engine would run past what the model
-    was trained on. The tiny models made here are not held to it (their rotary positions have no end). Returns the
-    line printed before any run: the model's size, tying and positions beside the longest row; None for a model
-    made here."""
+    """Fail at once, in one line, when a row at its longest (memory.longest_row: generation.max_prompt_tokens +
+    max_think_tokens + the interruption's phrase, in this tokenizer's tokens + max_answer_tokens) would pass the
+    positions of a model from model.path (max_position_embeddings): vLLM refuses to start, and our engine would run
+    past what the model was trained on. The tiny models made here are not held to it (their rotary positions have no
+    end). Returns the line printed before any run: the model's size, tying and positions beside the longest row; None
+    for a model made here."""
     if not cfg.model.path:
         return None
     from ablate.memory import Shape, longest_row
     from ablate.policy import model_config
-    from ablate.registry import build
 
     config = model_config(cfg.model)  # model.overrides included (max_position_embeddings, rope_scaling)
     positions = getattr(config, "max_position_embeddings", None)
     gen = cfg.generation
-    phrase = build(cfg.length_control).phrase  # injected at the thinking budget: its tokens are the row's too
-    tokenizer = tokenizer if tokenizer is not None or not phrase else _tokenizer(cfg.model)
-    injected = len(tokenizer.encode(phrase, add_special_tokens=False)) if phrase else 0
-    longest = longest_row(gen) + injected
+    injected = phrase_tokens(cfg, tokenizer)
+    longest = longest_row(gen, phrase_tokens=injected)
     if positions is not None and longest > positions:
         parts = f"{gen.max_prompt_tokens} + {gen.max_think_tokens} + " + (f"{injected} + " if injected else "")
         raise ValueError("generation.max_prompt_tokens + max_think_tokens + "
@@ -110,6 +109,19 @@ def check_lengths(cfg: DictConfig, tokenizer=None) -> str | None:
             + (f" (the interruption's phrase {injected} of them)" if injected else ""))
 
 
+def phrase_tokens(cfg: DictConfig, tokenizer=None) -> int:
+    """The tokens of the phrase the length control injects at the thinking budget (the interruption's; 0 for the
+    others), as the generator encodes it (generators/pipelined.py's `limits_for`) in the policy's tokenizer
+    (`tokenizer`, else `tokenizer_of` loads it): a row's tokens too (memory.longest_row)."""
+    from ablate.registry import build
+
+    phrase = build(cfg.length_control).phrase
+    if not phrase:
+        return 0
+    tokenizer = tokenizer if tokenizer is not None else tokenizer_of(cfg.model)
+    return len(tokenizer.encode(phrase, add_special_tokens=False))
+
+
 PROMPT_SHOWN = 600  # characters of the rendered prompt the pre-flight prints
 
 
@@ -121,7 +133,7 @@ def check_task(cfg: DictConfig, tokenizer=None) -> str | None:
     the model will see it, with its token count); None for a task made in code for a model made here."""
     from ablate.registry import build
 
-    tokenizer = tokenizer if tokenizer is not None else _tokenizer(cfg.model)
+    tokenizer = tokenizer if tokenizer is not None else tokenizer_of(cfg.model)
     try:
         task = build(cfg.task, tokenizer=tokenizer, seed=cfg.seed,
                      max_prompt_tokens=cfg.generation.max_prompt_tokens)
@@ -251,10 +263,11 @@ def model_shape(model: DictConfig):
     return Shape.of(model_config(model))
 
 
-def layout_memory(cfg: DictConfig, gpu_gb: float) -> list:
+def layout_memory(cfg: DictConfig, gpu_gb: float, tokenizer=None) -> list:
     """Each kind of process of the run's layout on its GPU at its peak (ablate.memory.Process, in bytes): trainer
     rank 0 (with the generator's engine when it has no process of its own), another trainer rank, an engine
-    process. Why these parts: docs/design.md#the-memory-model."""
+    process; every row at its longest, the interruption's phrase in `tokenizer`'s tokens included (`phrase_tokens`).
+    Why these parts: docs/design.md#the-memory-model."""
     import torch
     from hydra.utils import get_object
 
@@ -263,9 +276,9 @@ def layout_memory(cfg: DictConfig, gpu_gb: float) -> list:
     shape = model_shape(cfg.model)
     compute, head = (getattr(torch, str(name)).itemsize for name in (cfg.model.dtype, cfg.precision.head_dtype))
     n, g = int(cfg.run.trainer_gpus), int(cfg.run.get("generator_gpus", 0))
-    row_tokens = memory.longest_row(cfg.generation)
-    tokens = memory.micro_batch_tokens(int(cfg.train.micro_batch_size), int(cfg.train.micro_batch_tokens or 0),
-                                       row_tokens)
+    row_tokens = memory.longest_row(cfg.generation, phrase_tokens=phrase_tokens(cfg, tokenizer))
+    tokens = memory.largest_micro_batch(int(cfg.train.micro_batch_size), int(cfg.train.micro_batch_tokens or 0),
+                                        row_tokens)
     rank = dict(ranks=n, micro_tokens=tokens, checkpointing=bool(cfg.train.activation_checkpointing),
                 compute=compute, head=head, sharded_gradients=bool(cfg.run.get("sharded_gradients", True)))
     generator = get_object(str(cfg.generator._target_))
@@ -273,14 +286,16 @@ def layout_memory(cfg: DictConfig, gpu_gb: float) -> list:
     if not g:
         if n > 1:  # FSDP's rank 0 keeps the policy whole for the engine beside it and validation (layouts.FSDP)
             first.bytes["whole copy of the policy (fp32)"] = 4 * shape.params
-        first.bytes.update(generator.engine_memory(cfg, shape, gpu_gb * memory.GB, processes=0))
+        first.bytes.update(generator.engine_memory(cfg, shape, gpu_gb * memory.GB, processes=0,
+                                                   row_tokens=row_tokens))
     processes = [first]
     if n > 1:
         processes.append(memory.trainer(shape, **rank, name="each other trainer rank"))
     if g:  # vLLM's share, unset, is sized to the room the rest leaves (at its least when even that is too little)
         sized = (memory.VLLM_SHARE,) if cfg.generator.get("gpu_memory_utilization", 0) is None else ()
         processes.append(memory.Process("each engine process",
-                                        generator.engine_memory(cfg, shape, gpu_gb * memory.GB, processes=g), sized))
+                                        generator.engine_memory(cfg, shape, gpu_gb * memory.GB, processes=g,
+                                                                row_tokens=row_tokens), sized))
     return processes
 
 
@@ -309,15 +324,16 @@ def gpu_memory_gb(cfg: DictConfig, cluster: str) -> float | None:
     return None  # no device to read (a layout that wants one fails on its GPU count)
 
 
-def check_memory(cfg: DictConfig, gpu_gb: float | None) -> list:
+def check_memory(cfg: DictConfig, gpu_gb: float | None, tokenizer=None) -> list:
     """Fail at once, in one line, when a process of the layout would not fit a GPU of `gpu_gb` GB by the memory
     model, summing its parts and naming the one that takes the room and the setting that gives it back
-    (memory.Process.overflow). Returns the estimate (nothing to check: [])."""
+    (memory.Process.overflow). `tokenizer`: the policy's, where the caller has it (`layout_memory` counts the
+    interruption's phrase in it). Returns the estimate (nothing to check: [])."""
     if not gpu_gb:
         return []
     from ablate.distributed.topology import layout_name
 
-    processes = layout_memory(cfg, gpu_gb)
+    processes = layout_memory(cfg, gpu_gb, tokenizer)
     for process in processes:
         if process.total > gpu_gb * 1e9:
             layout = layout_name(int(cfg.run.trainer_gpus), int(cfg.run.get("generator_gpus", 0)))

@@ -150,10 +150,13 @@ class Process:
                 f"that takes the room: {part}, {size / GB:,.1f} GB; {fix}")
 
 
-def longest_row(generation) -> int:
-    """A row's tokens at its longest: generation.max_prompt_tokens + max_think_tokens + max_answer_tokens (the
-    interruption's phrase aside)."""
-    return int(generation.max_prompt_tokens) + int(generation.max_think_tokens) + int(generation.max_answer_tokens)
+def longest_row(generation, *, phrase_tokens: int) -> int:
+    """A row's tokens at its longest: generation.max_prompt_tokens + max_think_tokens + the phrase injected at the
+    thinking budget (`phrase_tokens`, the interruption's in the policy's tokenizer; 0 where none is) +
+    max_answer_tokens. The one figure for the length check before any run (ablate.checks.check_lengths), vLLM's
+    max_model_len and the rows the memory model holds."""
+    return (int(generation.max_prompt_tokens) + int(generation.max_think_tokens) + int(phrase_tokens)
+            + int(generation.max_answer_tokens))
 
 
 def checkpoint_bytes(shape: Shape, *, ranks: int) -> float:
@@ -168,6 +171,16 @@ def micro_batch_tokens(rows: int, cap: int, row_tokens: float) -> float:
     if cap:
         rows = max(1, min(rows, int(cap // row_tokens)))
     return rows * row_tokens
+
+
+def largest_micro_batch(rows: int, cap: int, longest: int) -> int:
+    """Tokens of the largest micro-batch, padded, the trainer makes of rows at most `longest` tokens long
+    (trainer.micro_batches): `rows` of them, or under the token cap `cap` (0: none) k rows as wide as k x width <=
+    cap allows, or one row alone. Rows shorter than the longest may fill the cap where the longest do not: 4 rows of
+    16,384 tokens fill 65,536 where rows of 16,404 (the interruption's phrase included) go 3 to a micro-batch."""
+    if not cap or rows * longest <= cap:
+        return rows * longest
+    return max([longest, *(k * min(longest, cap // k) for k in range(2, min(rows, cap) + 1))])
 
 
 def head_backward(shape: Shape, *, micro_tokens: float, compute: int, head: int,

@@ -20,7 +20,8 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 
 from ablate import tracking
-from ablate.checks import check_compute, check_memory, check_model, check_run, gpu_memory_gb, preflight
+from ablate.checks import (check_compute, check_memory, check_model, check_run, gpu_memory_gb, preflight,
+                           tokenizer_of)
 from ablate.config import compose, lineage, merge_overrides, override_key, signature
 from ablate.progress import SweepDisplay, StepBar
 from ablate.rungs import check_settings
@@ -97,11 +98,12 @@ def run_single(cfg: DictConfig, overrides: Sequence[str]) -> int:
     """
     (p,) = plan(cfg, overrides)
     check_model(p.cfg.model)  # before any run is created
-    for line in preflight(p.cfg):
+    tokenizer = tokenizer_of(p.cfg.model)  # once: the pre-flight's and the memory model's (the phrase's tokens)
+    for line in preflight(p.cfg, tokenizer):
         print(line)
     check_compute(p.cfg.train)
     check_run(p.cfg)
-    check_memory(p.cfg, gpu_memory_gb(p.cfg, "local"))
+    check_memory(p.cfg, gpu_memory_gb(p.cfg, "local"), tokenizer)
     uri = tracking.check_reachable(cfg.tracking.uri, cfg.tracking.timeout_s)
     client = tracking.client(uri)
     exp_id = tracking.experiment_id(client, cfg.tracking.experiment)
@@ -149,11 +151,14 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     sid = sweep_id(cfg, planned)
     print_plan(planned, f"sweep {sid}: {len(planned)} variant{'s' if len(planned) > 1 else ''}"
                + (" (dry run: nothing submitted)" if cfg.sweep.dry_run else ""))
-    for model in {json.dumps(OmegaConf.to_container(p.cfg.model), sort_keys=True) for p in planned}:
-        check_model(OmegaConf.create(json.loads(model)))  # before any run is created
+    models = {_model_of(p.cfg): p.cfg.model for p in planned}  # the variants' models, once
+    for model in models.values():
+        check_model(model)  # before any run is created
+    tokenizers = {key: tokenizer_of(model) for key, model in models.items()}  # the pre-flight's, the memory model's
     made_of = {json.dumps(OmegaConf.to_container(OmegaConf.masked_copy(p.cfg, ["model", "generation", "task"])),
                           sort_keys=True): p for p in planned}  # the variants' models, generations and tasks, once
-    for line in dict.fromkeys(line for p in made_of.values() for line in preflight(p.cfg)):
+    for line in dict.fromkeys(line for p in made_of.values()
+                              for line in preflight(p.cfg, tokenizers[_model_of(p.cfg)])):
         print(line)
     launcher = OmegaConf.to_container(cfg.launcher, resolve=True, enum_to_str=True)
     requested = str(launcher["cluster"])  # a dry run of launcher=slurm may be made where SLURM is not
@@ -165,7 +170,7 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
         check_run(p.cfg)
         if cfg.sweep.adaptive:
             check_settings(cfg.sweep, int(p.cfg.train.steps))
-        estimate = check_memory(p.cfg, gpu_gb)
+        estimate = check_memory(p.cfg, gpu_gb, tokenizers[_model_of(p.cfg)])
         lines = [process.describe(gpu_gb) for process in estimate or ()]
         if lines and printed is None:
             print("memory per GPU (ablate/memory.py's estimate at the longest rows):")
@@ -255,6 +260,11 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     if cfg.sweep.report:
         make_report(cfg, uri, sid, [it.spec.meta["run_id"] for it in submission.items])
     return 1 if failed else 0
+
+
+def _model_of(cfg: DictConfig) -> str:
+    """A variant's model, as a key: the variants of one model share its checks and its tokenizer."""
+    return json.dumps(OmegaConf.to_container(cfg.model), sort_keys=True)
 
 
 def spread_prior(sweep: DictConfig) -> Spread:

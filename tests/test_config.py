@@ -233,23 +233,24 @@ def llama_8b(tmp_path) -> Path:
 def test_the_paper_layout_fits_80_gb_gpus_by_the_memory_model(llama_8b):
     """experiment=paper_8b on an 8B Llama: every process within an "80 GB" H100's 85 GB as the device reports it
     (the check on SLURM's default, vLLM's unit), the 8B's parameters counted from its config, the trainer's biggest
-    part its activations. vLLM's share, unset in the preset, is sized: an engine's 48 rows of 16,384 tokens need
-    16.1 + 103.1 + 4 GB, more than the GPU has, so it takes all the room beside the staging copy (16.1 GB, and its
+    part its activations. vLLM's share, unset in the preset, is sized: an engine's 48 rows of 16,404 tokens (the
+    interruption's phrase included) need 16.1 + 103.2 + 4 GB, more than the GPU has, so it takes all the room beside the staging copy (16.1 GB, and its
     fragmentation) and what lives outside vLLM (the CUDA context and NCCL's buffers: tests/test_memory.py): 67.1 GB,
     0.79 (0.5 left 25 GB of it idle)."""
-    from ablate.checks import check_memory, gpu_memory_gb, model_shape
+    from ablate.checks import check_memory, gpu_memory_gb, model_shape, tokenizer_of
 
     cfg = compose(["experiment=paper_8b", f"model.path={llama_8b}"])
     assert model_shape(cfg.model).params == 8_030_261_248  # Llama-3.1-8B's count
     assert gpu_memory_gb(cfg, "slurm") == 85.0
-    first, other, engine = check_memory(cfg, gpu_memory_gb(cfg, "slurm"))
+    tokenizer = tokenizer_of(cfg.model)  # loaded once for both checks (the phrase's tokens)
+    first, other, engine = check_memory(cfg, gpu_memory_gb(cfg, "slurm"), tokenizer)
     assert first.name == "trainer rank 0" and other.bytes == first.bytes and 60e9 < first.total < 80e9
     assert first.parts[0][0] == "activations" and engine.total == pytest.approx(85e9)
     beside = sum(b for part, b in engine.bytes.items() if part != "vLLM (gpu_memory_utilization)")
     assert engine.bytes["vLLM (gpu_memory_utilization)"] == pytest.approx(85e9 - beside)
     assert beside - 2 * 8_030_261_248 == pytest.approx(1.81e9, abs=0.005e9)  # the staging copy and 1.81 GB
     whole = check_memory(compose(["experiment=paper_8b", f"model.path={llama_8b}", "run.sharded_gradients=false"]),
-                         200.0)[0]
+                         200.0, tokenizer)[0]
     assert whole.total - first.total == pytest.approx(4 * 8_030_261_248)
 
 
@@ -350,9 +351,9 @@ def test_a_layout_that_does_not_fit_its_gpus_fails_in_the_dry_run_naming_the_gb(
 def test_validation_is_in_the_memory_check_where_our_engine_decodes_it(llama_8b, tmp_path, capsys):
     """loo-8op (PPO-off-policy-8) waits for a round's first step to validate on vLLM, but its last step cannot
     wait: at 1,604 steps it falls mid-round and is validated with our torch engine on each engine process's staging
-    copy: its KV cache is 16,000 rows / 64 engines = 250 rows at once at 512 a wave, x 16,384 tokens x 131,072 bytes
-    a token (2 x 32 layers x 1,024 x bf16) = 536.9 GB; the preset's 4 waves of 2 rows: 8 x 16,384 x 131,072 =
-    17.2 GB. Before, the check left validation out. At the preset's 1,600 steps (a round's end) and under PipelineRL
+    copy: its KV cache is 16,000 rows / 64 engines = 250 rows at once at 512 a wave, x 16,404 tokens (the
+    interruption's phrase 20 of them: memory.longest_row) x 131,072 bytes a token (2 x 32 layers x 1,024 x bf16) =
+    537.5 GB; the preset's 4 waves of 2 rows: 8 x 16,404 x 131,072 = 17.2 GB. Before, the check left validation out. At the preset's 1,600 steps (a round's end) and under PipelineRL
     validation decodes on vLLM itself: no such part."""
     from ablate.run import run_sweep
 
@@ -366,19 +367,19 @@ def test_validation_is_in_the_memory_check_where_our_engine_decodes_it(llama_8b,
     with pytest.raises(ValueError) as refused:
         run_sweep(compose(wide), wide)
     # vLLM's share at its least (no room left for it): its weights, one row's cache and its workspace, 22.2 GB
-    assert "each engine process: validation's KV cache (our engine; generator.val_wave_rows) 536.9 + vLLM " \
+    assert "each engine process: validation's KV cache (our engine; generator.val_wave_rows) 537.5 + vLLM " \
            "(gpu_memory_utilization) 22.2 + " in str(refused.value)
-    assert "= 576.9 GB > 85 GB; the part that takes the room: validation's KV cache (our engine; " \
-           "generator.val_wave_rows), 536.9 GB; lower generator.val_wave_rows" in str(refused.value)
+    assert "= 577.6 GB > 85 GB; the part that takes the room: validation's KV cache (our engine; " \
+           "generator.val_wave_rows), 537.5 GB; lower generator.val_wave_rows" in str(refused.value)
     assert run_sweep(compose(common), common) == 0
     printed = capsys.readouterr().out
     # vLLM's share sized around what else the GPU holds: 85 - 16.1 - 1.8 = 67.1 GB, and for loo-8op 17.2 less
-    # (67,130,509,312 - 8 x 16,384 x 131,072 = 49,950,640,128 bytes: 50.0)
+    # (67,130,509,312 - 8 x 16,404 x 131,072 = 49,929,668,608 bytes: 49.9)
     outside = "CUDA context 1.0, NCCL's ring buffers (weights group) 0.4, NCCL's NVLS buffers (NVSwitch nodes) 0.3, " \
               "staging copy's fragmentation 0.1)"
     assert "  each engine process: ~85.0 GB of 85 (vLLM (gpu_memory_utilization) 67.1, staging copy of the weights " \
            f"16.1, {outside}" in printed
-    assert "  loo-8op: each engine process: ~85.0 GB of 85 (vLLM (gpu_memory_utilization) 50.0, validation's KV " \
+    assert "  loo-8op: each engine process: ~85.0 GB of 85 (vLLM (gpu_memory_utilization) 49.9, validation's KV " \
            f"cache (our engine; generator.val_wave_rows) 17.2, staging copy of the weights 16.1, {outside}" in printed
 
 

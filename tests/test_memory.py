@@ -21,15 +21,23 @@ V8, H8, N8 = 128_256, 4096, 65_536  # Llama-3.1-8B's vocabulary and width; paper
 PARAMS_8B = 8_030_261_248
 
 
-@pytest.fixture
-def llama_8b(tmp_path):
+@pytest.fixture(scope="module")
+def llama_8b(tmp_path_factory):
     """An 8B Llama's config.json and the Llama-3 tokenizer (no weights: the check reads the shape alone)."""
     from real_models import save_tokenizer
 
-    folder = tmp_path / "llama-8b"
+    folder = tmp_path_factory.mktemp("models") / "llama-8b"
     save_tokenizer("llama3", folder)
     (folder / "config.json").write_text(json.dumps(LLAMA_8B))
     return folder
+
+
+@pytest.fixture(scope="module")
+def llama_tokenizer(llama_8b):
+    """Its tokenizer, loaded once (seconds each time): the checks count the interruption's phrase in it."""
+    from ablate.checks import tokenizer_of
+
+    return tokenizer_of(compose(["experiment=paper_8b", f"model.path={llama_8b}"]).model)
 
 
 class _LiveBytes(TorchDispatchMode):
@@ -140,7 +148,7 @@ def test_the_caching_allocator_and_the_staging_copys_fragmentation_by_hand():
     assert memory.staging_slack(shape, 2) == 32 * 4 * MiB + 2 * MiB - 65 * 8192 == 135_782_400
 
 
-def test_the_paper_trainers_lm_head_backward_by_hand(llama_8b):
+def test_the_paper_trainers_lm_head_backward_by_hand(llama_8b, llama_tokenizer):
     """experiment=paper_8b (16 FSDP ranks, bf16 compute, the fp32 head, 65,536 tokens a micro-batch): the head's
     backward on a trainer rank, part by part, V 128,256 and H 4,096. The fp32 accumulator of the weight's gradient 4 V
     H = 2.10 GB (the gradient the gathered root held before: that part now counts its embeddings' and norm's alone);
@@ -149,7 +157,8 @@ def test_the_paper_trainers_lm_head_backward_by_hand(llama_8b):
     2.1 (the bf16 weight and two fp32 chunks). Trainer rank 0 comes to 73.3 GB of 85."""
     from ablate.checks import check_memory
 
-    first, other, _ = check_memory(compose(["experiment=paper_8b", f"model.path={llama_8b}"]), 85.0)
+    first, other, _ = check_memory(compose(["experiment=paper_8b", f"model.path={llama_8b}"]), 85.0,
+                                   llama_tokenizer)
     head = {k: v for k, v in first.bytes.items() if k.startswith("LM head's backward")}
     assert head == {"LM head's backward: fp32 accumulator of the weight's gradient": 4 * V8 * H8,  # 2,101,346,304
                     "LM head's backward: hidden states' gradient": 4 * N8 * H8,  # 1,073,741,824
@@ -162,7 +171,7 @@ def test_the_paper_trainers_lm_head_backward_by_hand(llama_8b):
     assert other.bytes == first.bytes and first.total == pytest.approx(73.3e9, abs=0.05e9)
 
 
-def test_the_paper_engine_gpus_room_outside_vllm_by_hand(llama_8b):
+def test_the_paper_engine_gpus_room_outside_vllm_by_hand(llama_8b, llama_tokenizer):
     """experiment=paper_8b's engine process on an "80 GB" H100 (85 GB as reported): outside vLLM's share, the CUDA
     context (1.0 GB, measured on a lent H200), NCCL's buffers of the weights group as NCCL sizes them (32 ring channels x (10 + 2)
     MiB = 402,653,184; NVLS, 16 channels x 2 x 8 steps x 128 KiB x 8 heads + 2 MiB of credits = 270,532,608), the
@@ -170,7 +179,7 @@ def test_the_paper_engine_gpus_room_outside_vllm_by_hand(llama_8b):
     bytes (0.790), where the lump of 2 GB for context and NCCL left it 66.9."""
     from ablate.checks import check_memory
 
-    *_, engine = check_memory(compose(["experiment=paper_8b", f"model.path={llama_8b}"]), 85.0)
+    *_, engine = check_memory(compose(["experiment=paper_8b", f"model.path={llama_8b}"]), 85.0, llama_tokenizer)
     outside = {"CUDA context": 1_000_000_000, "NCCL's ring buffers (weights group)": 32 * 12 * MiB,
                "NCCL's NVLS buffers (NVSwitch nodes)": 16 * 2 * 8 * 128 * 1024 * 8 + 2 * MiB,
                "staging copy of the weights": 2 * PARAMS_8B, "staging copy's fragmentation": 135_782_400}
@@ -180,7 +189,7 @@ def test_the_paper_engine_gpus_room_outside_vllm_by_hand(llama_8b):
     assert engine.total == pytest.approx(85e9)
 
 
-def test_the_check_before_submit_names_the_part_that_takes_the_room(llama_8b):
+def test_the_check_before_submit_names_the_part_that_takes_the_room(llama_8b, llama_tokenizer):
     """A process that does not fit fails in one line summing its parts and naming the part that takes the room, with
     the setting that gives it back. paper_8b's engines on a 36 GB GPU (its trainers at 16,384 tokens a micro-batch
     fit): vLLM's share, sized, is at its least (16.1 GB of weights, one row's 2.1 GB of KV cache, the 4 GB
@@ -191,7 +200,8 @@ def test_the_check_before_submit_names_the_part_that_takes_the_room(llama_8b):
 
     def refusal(gpu_gb: float, *overrides: str) -> str:
         with pytest.raises(ValueError) as refused:
-            check_memory(compose(["experiment=paper_8b", f"model.path={llama_8b}", *overrides]), gpu_gb)
+            check_memory(compose(["experiment=paper_8b", f"model.path={llama_8b}", *overrides]), gpu_gb,
+                         llama_tokenizer)
         assert "\n" not in str(refused.value)
         return str(refused.value)
 
@@ -208,3 +218,92 @@ def test_the_check_before_submit_names_the_part_that_takes_the_room(llama_8b):
     said = refusal(60.0)
     assert "trainer rank 0: activations 50.2 + " in said and "= 73.3 GB > 60 GB; the part that takes the room: " \
            "activations, 50.2 GB; lower train.micro_batch_tokens" in said, said
+
+
+@pytest.mark.parametrize("length_control, phrase", [("interruption", 20), ("truncation", 0)])
+def test_a_rows_longest_length_is_one_figure_for_the_length_check_vllm_and_the_memory_model(
+        llama_8b, llama_tokenizer, monkeypatch, length_control, phrase):
+    """experiment=paper_8b's row at its longest: 2,048 + 12,288 + 2,048 tokens and, under the interruption, the 20
+    Llama-3 tokens of the phrase injected at the thinking budget, 16,404 (16,384 under truncation). memory.longest_row
+    gives it to the length check's line, to vLLM's max_model_len and to the memory model: loo-8op's last step
+    (1,604, mid-round) is validated by our engine beside vLLM, 8 rows at once of 131,072 bytes a token (2 x 32
+    layers x 1,024 x bf16), 8 x 16,404 x 131,072 bytes of KV cache. Before, the memory model left the phrase out
+    (16,384) where the check and vLLM counted it. The trainer's largest micro-batch stays 65,536 tokens: 4 rows of
+    16,384 fill the cap, where rows of 16,404 would go 3 to one."""
+    import importlib.util
+    import sys
+    from types import ModuleType, SimpleNamespace
+
+    import ablate.generators
+    from ablate.checks import check_lengths, check_memory
+    from ablate.generators.pipelined import limits_for
+    from ablate.generators.vllm import VLLMEngines
+    from ablate.registry import build
+
+    cfg = compose(["experiment=paper_8b", f"model.path={llama_8b}", "off_policy=ppo_off_policy", "train.steps=1604",
+                   f"length_control={length_control}"])
+    longest = 2048 + 12288 + phrase + 2048
+    if phrase:  # the phrase in Llama-3's tokens, by hand: `</think>` is no token of its own there
+        ids = llama_tokenizer.encode(cfg.length_control.phrase, add_special_tokens=False)
+        assert [llama_tokenizer.decode([i]) for i in ids] == [
+            "Okay", ",", " time", " is", " up", ".", " Let", " me", " stop", " thinking", " and", " formulate", " a",
+            " final", " answer", " now", ".", " </", "think", ">"]
+    assert memory.longest_row(cfg.generation, phrase_tokens=phrase) == longest
+
+    # the length check, before any run
+    line = check_lengths(cfg, llama_tokenizer)
+    assert line.endswith(f"rows of at most {longest:,} tokens"
+                         + (f" (the interruption's phrase {phrase} of them)" if phrase else "")), line
+
+    # vLLM's engine as generator=vllm makes it (vLLM itself stood in for: max_model_len is what it is given)
+    made = {}
+
+    class Engine:
+        version = 0
+
+        def __init__(self, folder, limits, **args):
+            made.update(args)
+
+        def load(self, state, version):
+            pass
+
+    fake = ModuleType("ablate.generators.vllm_engine")
+    fake.VLLMEngine = Engine
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    monkeypatch.setattr(ablate.generators, "vllm_engine", fake, raising=False)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *rest: find_spec("json") if name == "vllm" else find_spec(name, *rest))
+    generator = SimpleNamespace(cfg=cfg, task=SimpleNamespace(tokenizer=llama_tokenizer), engines_apart=False,
+                                limits=limits_for(cfg, llama_tokenizer, build(cfg.length_control)), engine_args={})
+    VLLMEngines(0.9, None, False, 1, "staged")(generator, SimpleNamespace(module=lambda: torch.nn.Linear(1, 1)))
+    assert made["max_model_len"] == longest
+
+    # the memory model, before submit
+    first, _, engine = check_memory(cfg, 85.0, llama_tokenizer)
+    kv_per_token = 2 * 32 * 1024 * 2
+    assert memory.kv_bytes_per_token(memory.Shape.of(SimpleNamespace(**LLAMA_8B)), 2) == kv_per_token == 131_072
+    assert engine.bytes["validation's KV cache (our engine; generator.val_wave_rows)"] == 8 * longest * kv_per_token
+    assert first.bytes["LM head's backward: hidden states' gradient"] == 4 * N8 * H8
+
+
+def test_the_largest_micro_batch_is_the_trainers_largest():
+    """memory.largest_micro_batch, the memory model's micro-batch, against the trainer's own packing
+    (trainer.micro_batches) of every set of k equal rows up to the longest, k up to the row cap: the largest padded
+    micro-batch it makes is the figure. Rows of one length are the worst case: a micro-batch is padded to its
+    longest row. By hand: 4 rows of 16,384 fill a cap of 65,536 where rows of 16,404 go 3 to one (49,212); a row
+    over the cap goes alone; no cap, the row cap alone decides."""
+    from ablate.trainer import micro_batches
+
+    assert memory.largest_micro_batch(8, 65536, 16404) == memory.largest_micro_batch(8, 65536, 16384) == 65536
+    assert memory.micro_batch_tokens(8, 65536, 16404) == 3 * 16404  # rows all of the longest length
+    assert memory.largest_micro_batch(3, 65536, 16404) == 3 * 16404 and memory.largest_micro_batch(1, 10, 30) == 30
+    assert memory.largest_micro_batch(8, 1000, 16384) == 16384 and memory.largest_micro_batch(8, 0, 100) == 800
+    for rows, cap, longest in [(8, 64, 17), (4, 64, 17), (3, 50, 40), (5, 0, 9), (6, 30, 7), (2, 10, 25), (1, 8, 8)]:
+        packed = 0
+        for width in range(1, longest + 1):
+            for k in range(1, 2 * rows + 1):
+                lengths = torch.full((k,), width)
+                batches = micro_batches(lengths, torch.ones(k, dtype=torch.bool), rows, cap)
+                packed = max(packed, *(len(batch) * width for batch in batches))
+        assert memory.largest_micro_batch(rows, cap, longest) == packed, (rows, cap, longest)

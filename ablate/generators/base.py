@@ -70,10 +70,12 @@ class Generator(Protocol):
         """Take these weights now, whatever the rules (a resumed run starts from its checkpoint's policy)."""
 
     @classmethod
-    def engine_memory(cls, cfg: DictConfig, shape, gpu_bytes: float, *, processes: int) -> dict[str, float]:
+    def engine_memory(cls, cfg: DictConfig, shape, gpu_bytes: float, *, processes: int,
+                      row_tokens: int) -> dict[str, float]:
         """Bytes its engine holds on one GPU, part by part (ablate.memory): in trainer rank 0's process
-        (processes=0) or in each of `processes` engine processes. Read before anything is built (the check
-        before submit); a setting that cannot work at all raises ValueError naming it."""
+        (processes=0) or in each of `processes` engine processes, its rows `row_tokens` long (memory.longest_row).
+        Read before anything is built (the check before submit); a setting that cannot work at all raises
+        ValueError naming it."""
         return {}
 
     def describe(self) -> dict:

