@@ -145,9 +145,9 @@ def check_sweep(cfg: DictConfig) -> None:
 def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     """`python -m ablate sweep=loo`: every variant as one job array; with the local cluster, watch and report."""
     check_sweep(cfg)  # the sweep's own settings: before composing its variants (seconds each)
-    started = time.perf_counter()
+    phases = Phases()
     planned = plan(cfg, overrides)
-    planned_s = time.perf_counter() - started
+    phases.done(f"composing and signing {len(planned)} variants")
     sid = sweep_id(cfg, planned)
     print_plan(planned, f"sweep {sid}: {len(planned)} variant{'s' if len(planned) > 1 else ''}"
                + (" (dry run: nothing submitted)" if cfg.sweep.dry_run else ""))
@@ -179,6 +179,7 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
         else:
             for line in (line for line in lines if line not in printed):
                 print(f"  {p.variant.label}: {line}")
+    phases.done("the pre-flight checks")
     if gpu_gb:  # on GPUs: what the runs would cost there
         print_cost(planned)
     if requested == "slurm" or cluster == "slurm":
@@ -215,6 +216,7 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
         elif kind == "resume":  # failed, killed, or its job is gone: again, from its checkpoint
             client.update_run(run_id, status="SCHEDULED")
         kinds[p.signature], run_ids[p.variant.label] = kind, run_id
+    phases.done("MLflow (its database, the sweep's runs)")
     specs, sweep_settings = [], OmegaConf.to_container(cfg.sweep, resolve=True)
     for p in planned:
         kind, run_id = kinds[p.signature], run_ids[p.variant.label]
@@ -232,18 +234,16 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
 
     about = {"sweep": sid, "tracking_uri": uri, "experiment": cfg.tracking.experiment, "parent_run_id": parent,
              "metrics": ["val/pass_rate", "compute/gpu_hours"]}
-    submitting = time.perf_counter()
     submission = submit(run_variant, specs, launcher, folder, job_name=f"ablate-{sid}",
                         done=lambda spec: skip_reasons.get(kinds[spec.signature]), about=about, gpus=gpus,
                         gpus_per_job=per_job)
-    submit_s = time.perf_counter() - submitting
     new = [it for it in submission.items if not it.skipped_as]
+    phases.done(f"submitting {len(new)} ({submission.cluster})")
     finished, alive = (sum(1 for k in kinds.values() if k == kind) for kind in ("finished", "alive"))
     print(f"parent run {parent} in experiment '{cfg.tracking.experiment}' at {uri}")
     print(f"{len(new)} to run, {finished} already FINISHED (skipped)"
           + (f", {alive} still running (left alone)" if alive else "") + f"; jobs in {folder}")
-    print(f"harness time: {planned_s:.2f} s composing and signing {len(planned)} variants, {submit_s:.2f} s "
-          f"submitting {len(new)} ({submission.cluster})")
+    print(f"harness time: {phases}")
     if submission.cluster == "slurm" or not cfg.launcher.watch:
         for it in new:
             print(f"  {it.spec.name}: job {it.job_id}")
@@ -257,9 +257,35 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
               "same command runs what did not finish", file=sys.stderr)
         return 130
     client.set_terminated(parent, status="FAILED" if failed else "FINISHED")
+    workers = len(submission.jobs())
+    phases.done(f"the runs ({workers} {submission.cluster} job{'s' * (workers != 1)} side by side)")
     if cfg.sweep.report:
         make_report(cfg, uri, sid, [it.spec.meta["run_id"] for it in submission.items])
+        phases.done("the report")
+    print(f"time: {phases.total:.1f} s: {phases}")
     return 1 if failed else 0
+
+
+class Phases:
+    """Where a sweep's wall time goes, phase by phase (from the sweep's start, after Python's imports): what the
+    command prints as its harness time and, a watched sweep, at its end."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.clock, self.seconds = clock, {}
+        self.last = self.started = clock()
+
+    def done(self, phase: str) -> None:
+        """The time since the last phase ended is `phase`'s."""
+        now = self.clock()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self.last
+        self.last = now
+
+    @property
+    def total(self) -> float:
+        return self.last - self.started
+
+    def __str__(self) -> str:
+        return ", ".join(f"{seconds:.1f} s {phase}" for phase, seconds in self.seconds.items())
 
 
 def _model_of(cfg: DictConfig) -> str:

@@ -47,6 +47,40 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300
                           timeout=timeout)
 
 
+def run_main(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m ablate ARGS` (or `-m analysis`) as run_cli gives it, but called in this process: the command's main
+    with its argv, in `cwd`, `env` set, its output captured. No interpreter to start and import torch, transformers,
+    MLflow and Hydra into (~4 s a call): for the CLI tests that do not test a process boundary (an error line, a dry
+    run's print); run_cli for those that do (docs/testing.md#markers)."""
+    import contextlib
+    import importlib
+    import io
+
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    assert args[0] == "-m" and args[1] in ("ablate", "analysis"), args
+    module, argv = args[1], list(args[2:])
+    main = importlib.import_module(f"{module}.__main__").main
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        patch.chdir(cwd)
+        patch.delenv("MLFLOW_TRACKING_URI", raising=False)  # default: ./mlflow.db, as run_cli's
+        for key, value in (env or {}).items():
+            patch.setenv(key, value)
+        patch.setattr(sys, "argv", [str(ROOT / module / "__main__.py"), *argv])
+        try:
+            code = (main() if module == "ablate" else main(argv)) or 0
+        except SystemExit as exit:  # as the interpreter ends: an int is the code, a message goes to stderr as 1
+            code = exit.code if isinstance(exit.code, int) else 0 if exit.code is None else 1
+            if not isinstance(exit.code, (int, type(None))):
+                print(exit.code, file=sys.stderr)
+        finally:  # the next compose starts from nothing, as in a new process (ablate/config.py reads both)
+            GlobalHydra.instance().clear()
+            HydraConfig.instance().cfg = None
+    return subprocess.CompletedProcess([sys.executable, *args], code, out.getvalue(), err.getvalue())
+
+
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
     """A real SLURM cluster of one node (and a partition of two, on this machine: tests/slurm_cluster.py), started

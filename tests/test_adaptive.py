@@ -233,9 +233,9 @@ def test_looks_at_a_stream_of_null_pairs_keep_the_full_sweeps_false_claim_rate()
                                            ("sweep.futility=0.6", "sweep.futility"),
                                            ("sweep.margin_A=2", "sweep.margin_A")])
 def test_bad_adaptive_settings_fail_before_anything_is_submitted(override, key, tmp_path):
-    from conftest import run_cli
+    from conftest import run_main
 
-    out = run_cli("-m", "ablate", "sweep=loo", "generator=mock", "sweep.adaptive=true", "sweep.dry_run=true",
+    out = run_main("-m", "ablate", "sweep=loo", "generator=mock", "sweep.adaptive=true", "sweep.dry_run=true",
                   override, cwd=tmp_path)
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith(f"error: {key}"), out.stderr
     assert not (tmp_path / "mlflow.db").exists()  # no run was made
@@ -341,6 +341,7 @@ ADAPTIVE = ["-m", "ablate", "sweep=loo", "generator=mock", "launcher=local", "sw
             "model.num_layers=1", "model.hidden_size=32"]
 
 
+@pytest.mark.e2e
 def test_an_adaptive_sweep_stops_a_settled_variant_reports_it_and_is_not_redone(tmp_path):
     from conftest import run_cli
 
@@ -397,6 +398,7 @@ def test_an_adaptive_sweep_stops_a_settled_variant_reports_it_and_is_not_redone(
     assert f"(extended from step {settled}; vs scalerl cut at" in more.stdout and "| moves A" in more.stdout
 
 
+@pytest.mark.e2e
 def test_a_sweep_taken_to_a_larger_budget_goes_on_in_the_same_runs(tmp_path):
     """`sweep.keep_checkpoints=true` at 8 steps, then `train.steps=16 sweep.extend=true`: each run goes on from its
     step-8 checkpoint in its own MLflow run, and a third call finds them FINISHED."""

@@ -23,6 +23,8 @@ from analysis import make_report
 from analysis.fit import sigmoid_law
 from analysis.runs import ALL_SWEEPS
 
+pytestmark = pytest.mark.e2e  # the whole loop end to end: CI's e2e lane (docs/testing.md#markers)
+
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = "mock-truth"
 SEEDS = (0, 1, 2)

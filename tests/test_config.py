@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from ablate import schema
 from ablate.config import choice_of, compose, signature
-from conftest import run_cli
+from conftest import run_cli, run_main
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and not p.name.startswith("_"))
@@ -92,13 +92,13 @@ def test_cli_rejects_an_unknown_option(tmp_path):
 
 
 def test_cli_rejects_a_wrongly_typed_value(tmp_path):
-    out = run_cli("-m", "ablate", "loss.eps_max=four", cwd=tmp_path)
+    out = run_main("-m", "ablate", "loss.eps_max=four", cwd=tmp_path)
     assert out.returncode != 0
     assert "loss.eps_max" in out.stderr and "four" in out.stderr
 
 
 def test_cli_shows_the_resolved_config(tmp_path):
-    out = run_cli("-m", "ablate", "--cfg", "job", "loss=dapo", cwd=tmp_path)
+    out = run_main("-m", "ablate", "--cfg", "job", "loss=dapo", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     cfg = OmegaConf.create(out.stdout)
     assert cfg.loss.name == "dapo" and cfg.loss.eps_high == 0.28
@@ -125,7 +125,7 @@ def test_a_model_path_that_does_not_load_fails_in_one_line_before_any_run(tmp_pa
              str(tmp_path / "broken"): f"its config.json ({tmp_path / 'broken' / 'config.json'}): ",
              "no-such-org/no-such-model": "not a local folder, and the Hugging Face hub (or its cache) gave no model"}
     for path, says in cases.items():
-        out = run_cli("-m", "ablate", "model=hf", f"model.path={path}", cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"})
+        out = run_main("-m", "ablate", "model=hf", f"model.path={path}", cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"})
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 2 and len(lines) == 1, out.stderr
         assert lines[0].startswith(f"error: model.path={path}: {says}"), lines[0]
@@ -174,7 +174,7 @@ def test_a_reference_layout_the_clock_cannot_use_fails_in_one_line_before_any_ru
                                                  "each >= 1, got [0, 1]"}
     for overrides, says in cases.items():
         for sweep in ("sweep=none", "sweep=loo"):
-            out = run_cli("-m", "ablate", sweep, *overrides, cwd=tmp_path)
+            out = run_main("-m", "ablate", sweep, *overrides, cwd=tmp_path)
             lines = out.stderr.strip().splitlines()
             assert out.returncode == 2 and len(lines) == 1, out.stderr
             assert lines[0].startswith(f"error: {says}"), lines[0]

@@ -203,7 +203,8 @@ WHOLE_RUNS = {
 }
 
 
-@pytest.mark.parametrize("name", list(WHOLE_RUNS))
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.e2e) if name == "hf-bf16-compute" else name
+                                  for name in WHOLE_RUNS])
 def test_a_whole_run_makes_every_tensor_on_its_device(name, mlflow_uri, tmp_path, cache):
     """setup, warm start, validation, generation, the Learner, a checkpoint (step 2), the last step: all under the
     meta default; the metrics equal a normal run's, except the wall-clock ones."""

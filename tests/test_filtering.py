@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ablate.rl.filtering import PromptFilter, zero_variance
@@ -133,6 +134,7 @@ def test_a_finite_task_that_npr_used_up_ends_the_run_cleanly_saying_why(tmp_path
     assert [(m.step, m.value) for m in dropped] == [(1, 2.0), (2, 4.0), (3, 4.0)]
 
 
+@pytest.mark.e2e
 def test_no_seed_crashes_the_default_run_when_npr_retires_its_prompts(tmp_path, mlflow_uri):
     """The default ScaleRL run on 10 seeds, on a short schedule with a training set NPR keeps exhausting (8 prompts,
     8 a step, each retired once its pass rate is seen): every run reaches its last step on fresh prompts. (Seed 7

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -14,6 +15,8 @@ import pytest
 from ablate import tracking
 from conftest import run_cli
 from test_sweeps import PAPER_LOO
+
+pytestmark = pytest.mark.e2e  # the whole loop end to end: CI's e2e lane (docs/testing.md#markers)
 
 SHORT = ["train.steps=20", "train.val_every=2", "model.num_layers=1", "model.hidden_size=32",
          "batch.prompts_per_step=8"]
@@ -65,6 +68,12 @@ def test_the_sweep_ends_with_a_report(swept):
     assert sorted(r["variant"] for r in rows) == sorted(["scalerl", *PAPER_LOO])
     assert (reports[0] / "report.html").stat().st_size > 10_000
     assert "| # | variant |" in out.stdout and "report.html" in out.stdout
+    # where the time went, phase by phase, after the report (two local jobs: the machine's two cores)
+    last = out.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"time: [\d.]+ s: [\d.]+ s composing and signing 9 variants, [\d.]+ s the pre-flight checks, "
+                        r"[\d.]+ s MLflow \(its database, the sweep's runs\), [\d.]+ s submitting 9 \(local\), "
+                        rf"[\d.]+ s the runs \({min(9, os.cpu_count())} local jobs? side by side\), [\d.]+ s the report",
+                        last), last
 
 
 def test_the_manifest_names_every_job(swept):

@@ -3,9 +3,13 @@ task, and the deterministic schedule gives the same validation curve twice."""
 
 from __future__ import annotations
 
+import pytest
+
 from ablate import tracking
 from ablate.config import compose
 from ablate.trainer import train
+
+pytestmark = pytest.mark.e2e  # the whole loop end to end: CI's e2e lane (docs/testing.md#markers)
 
 
 def _val_curve(cfg, uri):

@@ -308,6 +308,7 @@ def tied_ranks(tmp_path_factory):
     return OmegaConf.create(config), torch.load(folder / "out.pt", weights_only=False)
 
 
+@pytest.mark.e2e
 def test_a_tied_model_stays_tied_through_fsdp_its_checkpoint_and_the_weight_stream(tied_ranks):
     """Qwen3 0.6B-4B tie their LM head to their embeddings. On 2 FSDP ranks the tie holds (one tensor), the step is
     one process's, a resumed learner takes the same next step, and an engine (tied too) gets every tensor, its head
@@ -427,6 +428,7 @@ def _closing(rank: int, init_file: str, out: str) -> None:
         groups.shutdown()
 
 
+@pytest.mark.e2e
 def test_an_engine_process_whose_engine_fails_to_close_still_ends_with_the_job(tmp_path):
     """Closing is the job's last word to an engine process: an engine whose own close fails (a vLLM core that will not
     shut down) is logged there, and the process still answers and ends, instead of leaving rank 0 (and the job)
@@ -436,6 +438,7 @@ def test_an_engine_process_whose_engine_fails_to_close_still_ends_with_the_job(t
     assert (tmp_path / "out").read_text() == "closed" and (tmp_path / "out.engine").read_text() == "served"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("engines", [1, 2])
 def test_engines_in_their_own_processes_decode_as_in_this_one_and_hold_the_trainers_weights(engines, tmp_path):
     """run.generator_gpus=N's engines (ablate/generators/remote.py) against the same engines in the trainer's
@@ -523,6 +526,7 @@ def _streamed(rank: int, init_file: str, out: str) -> None:
             dist.destroy_process_group()
 
 
+@pytest.mark.e2e
 def test_with_an_engine_process_the_weights_stream_from_the_shards_and_validation_runs_there(tmp_path):
     """run=fsdp run.generator_gpus=1: rank 0 never holds the whole policy (no copy, and asking for one is an error
     naming why); the engine's tensors after a stream have the sha256 of the trainer's full tensors; new weights
@@ -573,6 +577,7 @@ def _silent_then_a_step(cfg: dict, silent_s: float, groups) -> float:
     return learner.step(*_batch(cfg))["loss/policy"]
 
 
+@pytest.mark.e2e
 def test_a_follower_outwaits_a_silent_rank_0_longer_than_the_data_planes_timeout():
     """A trainer rank other than 0 waits for rank 0's next call over the control plane (a gloo group with
     run.control_timeout_min), not over the data plane, whose collectives time out after run.data_timeout_min (NCCL's
@@ -873,6 +878,7 @@ LAYOUTS = {"one_process": ["run=one_process"], "fsdp": ["run=fsdp"],
            "fsdp+engine": ["run=fsdp", "run.generator_gpus=1"]}
 
 
+@pytest.mark.e2e
 def test_two_fsdp_ranks_and_an_engine_process_reproduce_the_one_process_run(tmp_path):
     """`python -m ablate run=fsdp` (2 trainer processes, gloo), and the same with the generator's engine in a third
     process of its own (run.generator_gpus=1), against `python -m ablate` on the same config: the deterministic
@@ -907,6 +913,7 @@ def test_two_fsdp_ranks_and_an_engine_process_reproduce_the_one_process_run(tmp_
                 assert a == pytest.approx(b, rel=1e-4, abs=1e-6), (layout, key)
 
 
+@pytest.mark.e2e
 def test_a_rank_that_fails_is_named_in_one_line_and_its_run_is_failed(tmp_path):
     out = run_cli("-m", "ablate", "run=fsdp", "model.device=cpu", "generator=mock", "generator.crash_at_step=2",
                   "train.steps=5", cwd=tmp_path)
@@ -944,6 +951,7 @@ def _signalled(folder, signum: int, *overrides: str):
     return client, run, proc.returncode, err, proc.pid
 
 
+@pytest.mark.e2e
 def test_ctrl_c_on_a_two_rank_run_prints_one_line_and_leaves_no_rank_behind(tmp_path, mlflow_uri):
     """Ctrl-C reaches the launcher, which stops the ranks; rank 0 closes its run as KILLED; no traceback, no
     warnings of cut-off collectives, no process left."""
@@ -961,6 +969,7 @@ def test_ctrl_c_on_a_two_rank_run_prints_one_line_and_leaves_no_rank_behind(tmp_
     assert not left, f"processes left in the session: {left}"
 
 
+@pytest.mark.e2e
 def test_the_warning_signal_checkpoints_both_ranks_at_the_end_of_the_step(tmp_path, mlflow_uri):
     """SLURM's USR2 to the job's process (here by hand, no SLURM): it passes the warning to rank 0, which ends its
     step, checkpoints (the payload and both ranks' shards) and stops with the run still RUNNING; with no requeue
@@ -1064,6 +1073,7 @@ def test_the_rendezvous_port_is_below_the_ephemeral_range_and_the_same_on_every_
     assert min(rendezvous_port(str(job)) for job in range(20000)) == 20000
 
 
+@pytest.mark.e2e
 def test_a_job_of_two_nodes_starts_its_ranks_on_both_and_finishes(tmp_path):
     """What a SLURM job of 2 nodes runs, one task per node (`ablate.job.run_variant` with SLURM's variables; both
     "nodes" on this machine): node 0 starts trainer ranks 0-1 and hosts the rendezvous, node 1 the 2 engine

@@ -277,6 +277,7 @@ def test_paused_holds_the_generator_thread_between_two_looks_and_lets_it_go_on()
     generator.close()
 
 
+@pytest.mark.e2e
 def test_engine_processes_in_the_concurrent_mode_run_many_decode_steps_a_look(monkeypatch):
     """bench/bench_engines.py's pipeline in the concurrent mode on 2 engine processes whose decode steps take 10 ms
     more and whose every exchange with rank 0 30 ms more: each look still lets an engine run until a wave ends.

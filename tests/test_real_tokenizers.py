@@ -118,6 +118,7 @@ def test_stop_token_ids_set_by_hand_replace_the_rule_and_a_bad_one_fails_naming_
         _limits(_cfg(folders["qwen3"], "generation.stop_token_ids=[151645,200000]"))
 
 
+@pytest.mark.e2e
 def test_a_model_taught_to_end_its_turn_at_im_end_stops_there_not_at_the_limit(folders):
     """A Qwen base tokenizer (eos <|endoftext|>) with its ChatML template: the warm start ends each answer as a
     ChatML turn ends, at <|im_end|>, and the engine stops there. Before, the warm start ended answers at the eos and
@@ -196,6 +197,7 @@ def test_a_prompt_goes_as_the_tokenizer_wants_it_raw_or_in_its_chat_template(fol
         build(compose(["task.chat_template=true"]).task, tokenizer=build_tokenizer(compose([]).model), seed=0)
 
 
+@pytest.mark.e2e
 def test_a_real_vocabulary_model_trains_end_to_end_and_its_rows_end_at_its_turns_end(folders, tmp_path, mlflow_uri):
     """The trainer, whole, on the Qwen base folder (generator=hf, the default suite's; the vLLM lane runs the same
     with generator=vllm): warm-started to end its answers at <|im_end|>, its rows stop there, few reach the length

@@ -40,6 +40,7 @@ LAYOUTS = {"one_process": ["run=one_process"],
 
 # fsdp+engine takes 85 s (three processes started twice): -m slow; its sharded checkpoint's resume is pinned in the
 # default suite by test_parallel's two_ranks (a step resumed from DCP shards equals the straight step)
+@pytest.mark.e2e
 @pytest.mark.parametrize("layout", ["one_process", pytest.param("fsdp+engine", marks=pytest.mark.slow)])
 def test_a_killed_run_resumes_with_no_lost_or_duplicated_steps(layout, tmp_path, mlflow_uri):
     """fsdp+engine: 2 trainer processes and the generator's engine in a third, under torch's launcher, the whole
@@ -96,6 +97,7 @@ def test_a_killed_run_resumes_with_no_lost_or_duplicated_steps(layout, tmp_path,
     assert client.get_run(run_id).data.params["trainer.ranks"] == str(1 + (layout != "one_process"))
 
 
+@pytest.mark.e2e
 def test_a_non_finite_loss_marks_the_run_diverged_and_stops_it_cleanly(tmp_path):
     out = run_cli("-m", "ablate", "train.steps=20", "optim.lr=1e30", "optim.warmup_steps=0", cwd=tmp_path)
     assert out.returncode == 1
@@ -110,6 +112,7 @@ def test_a_non_finite_loss_marks_the_run_diverged_and_stops_it_cleanly(tmp_path)
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.e2e
 def test_a_preemption_notice_checkpoints_at_the_end_of_the_step_and_the_run_resumes_there(tmp_path, mlflow_uri):
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     # tracking.flush_every=1: the store shows step 10 as it ends, with 30 steps still to come (buffered, it showed

@@ -15,7 +15,7 @@ from ablate import tracking
 from conftest import run_cli
 from test_sweeps import PAPER_LOO
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e]  # a real cluster: CI's e2e lane
 
 # The mock generator on a 1-layer model: these tests are about the cluster, not the model. The test cluster lets 8
 # jobs share a core (OverSubscribe=FORCE:8), so an array of 9 runs at once on 2 cores; array_parallelism keeps as

@@ -206,9 +206,9 @@ def test_seeds_of_each_variant_and_replicates_of_the_base_are_runs_of_their_own(
 
 
 def test_an_adaptive_sweep_of_several_seeds_is_refused_before_anything_is_submitted(tmp_path: Path):
-    from conftest import run_cli
+    from conftest import run_main
 
-    out = run_cli("-m", "ablate", "sweep=loo", "generator=mock", "sweep.adaptive=true", "sweep.base_seeds=2",
+    out = run_main("-m", "ablate", "sweep=loo", "generator=mock", "sweep.adaptive=true", "sweep.base_seeds=2",
                   "sweep.dry_run=true", cwd=tmp_path)
     assert out.returncode == 2 and "sweep.base_seeds=2 must be 1" in out.stderr.strip().splitlines()[-1]
 
@@ -217,11 +217,11 @@ def test_the_dry_run_prints_what_each_design_resolves_from_the_benchs_model(tmp_
     """Per design: the resolution on A between runs and between recipes, and GPU-hours: the numbers
     analysis.design gives for the mock's 50 points of 1,000 x 16 and the prior spread; two half-length seeds beat
     one full one between recipes at the paper's spread (0.065 against 0.079) and lose between runs."""
-    from conftest import run_cli
+    from conftest import run_main
 
     from analysis.design import DESIGNS, expected
 
-    out = run_cli("-m", "ablate", "sweep=loo", "generator=mock", "sweep.dry_run=true", cwd=tmp_path)
+    out = run_main("-m", "ablate", "sweep=loo", "generator=mock", "sweep.dry_run=true", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = {line.split("  ")[1].strip(): line.split() for line in out.stdout.splitlines()
             if line.startswith("  ") and line.strip().endswith("x") and "design" not in line}
@@ -237,7 +237,7 @@ def test_the_dry_run_prints_what_each_design_resolves_from_the_benchs_model(tmp_
 def test_a_config_folder_of_ones_own_reaches_every_variant_from_the_command_line(tmp_path: Path):
     """`--config-dir` or `hydra.searchpath` on `python -m ablate`'s command line: before, the sweep's variants were
     composed without it and the command failed (Could not find 'model/mine')."""
-    from conftest import run_cli
+    from conftest import run_main
 
     folder = tmp_path / "conf"
     (folder / "model").mkdir(parents=True)
@@ -248,8 +248,25 @@ def test_a_config_folder_of_ones_own_reaches_every_variant_from_the_command_line
     expected = {p.variant.label: p.signature for p in planned}
     assert all(p.cfg.model.hidden_size == 48 for p in planned)
     for how in ([f"hydra.searchpath=[file://{folder}]"], ["--config-dir", str(folder)]):
-        out = run_cli("-m", "ablate", *how, "model=mine", "sweep=loo", "sweep.dry_run=true", cwd=tmp_path)
+        out = run_main("-m", "ablate", *how, "model=mine", "sweep=loo", "sweep.dry_run=true", cwd=tmp_path)
         assert out.returncode == 0, out.stderr[-2000:]
         printed = {line.split()[0]: line.split()[-1] for line in out.stdout.splitlines()
                    if line.startswith(("  scalerl", "  loo-"))}
         assert printed == expected
+
+
+def test_a_sweeps_time_is_told_phase_by_phase_in_the_order_they_ran():
+    """What `python -m ablate sweep=...` prints as its harness time and, watched, at its end: each phase's seconds
+    since the last one ended (a phase met twice adds up), and the total from the sweep's start."""
+    from ablate.run import Phases
+
+    clock = iter([10.0, 12.5, 16.0, 17.0, 17.25, 37.25])
+    phases = Phases(clock=lambda: next(clock))
+    phases.done("composing")  # 2.5
+    phases.done("checks")  # 3.5
+    phases.done("composing")  # 1.0 more
+    phases.done("submitting")  # 0.25
+    phases.done("the runs")  # 20.0
+    assert phases.seconds == {"composing": 3.5, "checks": 3.5, "submitting": 0.25, "the runs": 20.0}
+    assert phases.total == 27.25
+    assert str(phases) == "3.5 s composing, 3.5 s checks, 0.2 s submitting, 20.0 s the runs"
