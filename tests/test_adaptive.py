@@ -236,7 +236,7 @@ def test_bad_adaptive_settings_fail_before_anything_is_submitted(override, key, 
     from conftest import run_main
 
     out = run_main("-m", "ablate", "sweep=loo", "generator=mock", "sweep.adaptive=true", "sweep.dry_run=true",
-                  override, cwd=tmp_path)
+                   override, cwd=tmp_path)
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith(f"error: {key}"), out.stderr
     assert not (tmp_path / "mlflow.db").exists()  # no run was made
 

@@ -13,10 +13,8 @@ from pathlib import Path
 import pytest
 
 from ablate import tracking
-from conftest import run_cli
+from conftest import run_cli, run_main
 from test_sweeps import PAPER_LOO
-
-pytestmark = pytest.mark.e2e  # the whole loop end to end: CI's e2e lane (docs/testing.md#markers)
 
 SHORT = ["train.steps=20", "train.val_every=2", "model.num_layers=1", "model.hidden_size=32",
          "batch.prompts_per_step=8"]
@@ -31,6 +29,7 @@ def swept(tmp_path_factory):
     return folder, out
 
 
+@pytest.mark.e2e  # the whole loop end to end: CI's e2e lane (docs/testing.md#markers)
 def test_the_sweep_runs_every_variant_into_one_parent(swept):
     folder, _ = swept
     client = tracking.client(f"sqlite:///{folder}/mlflow.db")  # the default database: ./mlflow.db
@@ -60,6 +59,7 @@ def test_the_sweep_runs_every_variant_into_one_parent(swept):
         assert run.data.params["loss.name"] == ("dapo" if tags["ablate.variant"] == "loo-dapo" else "cispo")
 
 
+@pytest.mark.e2e  # the whole loop end to end: CI's e2e lane (docs/testing.md#markers)
 def test_the_sweep_ends_with_a_report(swept):
     folder, out = swept
     reports = list((folder / "outputs" / "tiny" / "reports").glob("loo-*"))
@@ -76,6 +76,7 @@ def test_the_sweep_ends_with_a_report(swept):
                         last), last
 
 
+@pytest.mark.e2e  # the whole loop end to end: CI's e2e lane (docs/testing.md#markers)
 def test_the_manifest_names_every_job(swept):
     folder, _ = swept
     (manifest,) = (folder / "outputs" / "tiny" / "jobs").glob("loo-*/manifest.json")
@@ -83,6 +84,7 @@ def test_the_manifest_names_every_job(swept):
     assert len(jobs) == 9 and all(j["job_id"] and j["run_id"] and j["signature"] for j in jobs)
 
 
+@pytest.mark.e2e  # the whole loop end to end: CI's e2e lane (docs/testing.md#markers)
 def test_running_the_same_sweep_again_submits_nothing(swept):
     folder, _ = swept
     out = run_cli("-m", "ablate", "sweep=loo", "generator=mock", "launcher=local", *SHORT, cwd=folder)
@@ -104,6 +106,7 @@ def test_a_changed_override_runs_only_what_is_new(swept):  # test_adaptive.py
     assert "8 to run, 1 already FINISHED" in out.stdout
 
 
+@pytest.mark.e2e  # the whole loop end to end: CI's e2e lane (docs/testing.md#markers)
 def test_failing_variants_are_reported_and_lose_nothing(tmp_path):
     # A simulated crash at step 2 in every variant with NPR on (loo-npr, NPR off, runs to the end)
     out = run_cli("-m", "ablate", "sweep=loo", "generator=mock", "launcher=local", "train.steps=20",
@@ -281,9 +284,8 @@ def test_a_local_sweep_whose_layout_takes_more_gpus_than_the_machine_has_fails_b
             os.environ.pop("CUDA_VISIBLE_DEVICES")
         else:
             os.environ["CUDA_VISIBLE_DEVICES"] = previous
-    out = run_cli("-m", "ablate", "sweep=recipes", "sweep.recipes=[scalerl]", "launcher=local", "run=fsdp",
-                  "run.generator_gpus=1", "model.device=cuda", cwd=tmp_path,
-                  env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    out = run_main("-m", "ablate", "sweep=recipes", "sweep.recipes=[scalerl]", "launcher=local", "run=fsdp",
+                   "run.generator_gpus=1", "model.device=cuda", cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": "0,1"})
     assert out.returncode == 2
     assert "error: each variant's layout takes 3 GPU(s) (run.trainer_gpus + run.generator_gpus) and this machine " \
            "has 2" in out.stderr

@@ -209,7 +209,7 @@ def test_an_adaptive_sweep_of_several_seeds_is_refused_before_anything_is_submit
     from conftest import run_main
 
     out = run_main("-m", "ablate", "sweep=loo", "generator=mock", "sweep.adaptive=true", "sweep.base_seeds=2",
-                  "sweep.dry_run=true", cwd=tmp_path)
+                   "sweep.dry_run=true", cwd=tmp_path)
     assert out.returncode == 2 and "sweep.base_seeds=2 must be 1" in out.stderr.strip().splitlines()[-1]
 
 
