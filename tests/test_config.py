@@ -125,7 +125,8 @@ def test_a_model_path_that_does_not_load_fails_in_one_line_before_any_run(tmp_pa
              str(tmp_path / "broken"): f"its config.json ({tmp_path / 'broken' / 'config.json'}): ",
              "no-such-org/no-such-model": "not a local folder, and the Hugging Face hub (or its cache) gave no model"}
     for path, says in cases.items():
-        out = run_main("-m", "ablate", "model=hf", f"model.path={path}", cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"})
+        # a process of its own: huggingface_hub reads HF_HUB_OFFLINE as it is imported
+        out = run_cli("-m", "ablate", "model=hf", f"model.path={path}", cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"})
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 2 and len(lines) == 1, out.stderr
         assert lines[0].startswith(f"error: model.path={path}: {says}"), lines[0]

@@ -8,9 +8,12 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT, run_cli
 
 
+@pytest.mark.e2e  # pip builds the wheel, a fresh process runs from it: CI's e2e lane (docs/testing.md#markers)
 def test_a_built_wheel_carries_the_config_tree_and_runs_from_it(tmp_path: Path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(ROOT),
                     "-w", str(tmp_path / "dist")], check=True, capture_output=True)
