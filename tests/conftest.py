@@ -51,7 +51,8 @@ def run_main(*args: str, cwd: Path, env: dict | None = None) -> subprocess.Compl
     """`python -m ablate ARGS` (or `-m analysis`) as run_cli gives it, but called in this process: the command's main
     with its argv, in `cwd`, `env` set, its output captured. No interpreter to start and import torch, transformers,
     MLflow and Hydra into (~4 s a call): for the CLI tests that do not test a process boundary (an error line, a dry
-    run's print); run_cli for those that do (docs/testing.md#markers)."""
+    run's print); run_cli for those that do, and where `env` must be there as a library is imported (HF_HUB_OFFLINE,
+    which huggingface_hub reads then): this process imported them already (docs/testing.md#markers)."""
     import contextlib
     import importlib
     import io
