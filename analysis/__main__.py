@@ -1,10 +1,12 @@
-"""python -m analysis report --experiment NAME [--tracking-uri URI] [--out DIR] [--sweep ID]
+"""python -m analysis report --experiment NAME [--tracking-uri URI] [--out DIR] [--sweep ID] [--c-min GPU_HOURS]
 python -m analysis fit --json FILE [--method fast|paper] [--extrapolate FRACTION]
 
 report: fit, rank and report the variant runs of one sweep of an MLflow experiment (markdown, HTML, fits.csv, PNG
 plots), and attach the files to the sweep's parent run. The sweep is the experiment's latest unless --sweep names
-one (--sweep all: every sweep). Runs of different models, tasks or generators are refused, naming the difference;
-runs that failed or stopped short of their configured steps are named and get no verdict.
+one (--sweep all: every sweep); runs launched alone (`python -m ablate`, tagged sweep none) are taken only where
+there is no sweep, and the sweeps not reported are named. Runs of different models, tasks or generators are refused,
+naming the difference; runs that failed or stopped short of their configured steps are named and get no verdict; a
+run with no fit says why (too few points: --c-min, the compute below which points are left out, keeps more).
 fit: fit one curve. FILE (or - for stdin) holds {"compute": [...], "reward": [...]} and optionally "r0" (the
 pre-RL pass rate; default: the reward at compute 0), "c_min" (points below it are left out; default 1.5/16 of
 the largest compute, the paper's cut of its first 1.5k of 16k GPU-hours; 0 keeps every point after compute 0;
@@ -34,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--sweep", default=None,
                         help="the sweep id to report (tag ablate.sweep; default: the experiment's latest sweep); "
                              "'all': every sweep, pooled")
+    report.add_argument("--c-min", type=float, default=None, metavar="GPU_HOURS",
+                        help="leave out the points below this compute in every fit (default: 1.5/16 of each run's "
+                             "largest, the paper's cut; 0 keeps every point after compute 0)")
     fit = commands.add_parser("fit", help="fit one curve given as JSON; print the fit with its intervals")
     fit.add_argument("--json", required=True, dest="path",
                      help='file with {"compute": [...], "reward": [...]}, optional "r0", "c_min" (default 1.5/16 of '
@@ -52,15 +57,22 @@ def main(argv: list[str] | None = None) -> int:
     from analysis.report import make_report
     from analysis.runs import AnalysisError
 
+    if args.c_min is not None and not args.c_min >= 0:
+        print(f"error: --c-min is the compute (GPU-hours) below which points are left out: it must be >= 0, got "
+              f"{args.c_min}", file=sys.stderr)
+        return 2
     try:
-        report = make_report(args.experiment, tracking_uri=args.tracking_uri, out_dir=args.out, sweep=args.sweep)
+        report = make_report(args.experiment, tracking_uri=args.tracking_uri, out_dir=args.out, sweep=args.sweep,
+                             c_min=args.c_min)
     except AnalysisError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(report.table_md)
     print()
-    for path in report.paths:
-        print(f"wrote {path}")
+    tables = (report.markdown, report.csv, report.variants_csv)
+    figures = len([path for path in report.paths if path != report.html and path not in tables])
+    print(f"wrote {report.html} (for a browser), and beside it {', '.join(path.name for path in tables)} and "
+          f"{figures} figures")
     if report.artifact_run_id:
         print(f"attached to MLflow run {report.artifact_run_id} under report/")
     if report.artifact_error:

@@ -36,12 +36,13 @@ from analysis.runs import (
     check_comparable,
     find_sweep_parent,
     group_seeds,
-    latest_sweep,
     load_runs,
+    pick_sweep,
     resolve_tracking_uri,
+    sweeps_of,
 )
 from analysis.synthetic import Truth
-from analysis.text import html_page, markdown_page, terminal_text
+from analysis.text import html_page, markdown_page, order_rows, terminal_text
 from analysis.truth import Expected, expected, recipe_truth, run_truth
 
 CSV_COLUMNS = ["variant", "A", "A_lo", "A_hi", "B", "B_lo", "B_hi", "C_mid", "R0", "n_points", "status"]
@@ -166,6 +167,9 @@ class Report:
     base: str | None = None  # label of the base recipe's row
     sweeps: tuple[str, ...] = ()  # the sweep ids of the runs reported
     spread: Spread = field(default_factory=Spread)  # the between-run spread the recipe-level verdicts use
+    others: tuple = ()  # the experiment's other sweeps (runs.SweepSeen), not reported
+    picked: bool = False  # the sweep was picked by default (runs.pick_sweep), not named
+    c_min: float | None = None  # the fits' cut, GPU-hours (None: 1.5/16 of each run's largest compute)
 
     @property
     def variants_csv(self) -> Path:
@@ -220,17 +224,23 @@ def make_report(
     sweep: str | None = None,
     run_ids: Collection[str] | None = None,
     spread: Spread | None = None,
+    c_min: float | None = None,
 ) -> Report:
     """Fit every variant of one sweep of `experiment` (the latest unless `sweep` names one; ALL_SWEEPS: every
     sweep; or only `run_ids`), rank them, write the report files to out_dir (default reports/<experiment>) and
     attach them to the sweep's parent run under report/. `spread`: the prior of the between-run spread for the
-    recipe-level verdicts (default: the one the sweep tagged on its parent run, else analysis/spread.py's).
+    recipe-level verdicts (default: the one the sweep tagged on its parent run, else analysis/spread.py's). `c_min`:
+    every fit leaves out the points below this compute (GPU-hours; default: 1.5/16 of each run's largest, the
+    paper's cut; 0 keeps every point after compute 0).
 
     Raises analysis.runs.AnalysisError subclasses for bad input (unknown experiment, no runs, no server, runs of
     different models, tasks or generators)."""
     uri = resolve_tracking_uri(tracking_uri)
-    if run_ids is None and sweep is None:
-        sweep = latest_sweep(experiment, uri)
+    seen = sweeps_of(experiment, uri) if run_ids is None and sweep != ALL_SWEEPS else []
+    picked = sweep is None and run_ids is None
+    if picked:
+        chosen = pick_sweep(seen)
+        sweep = chosen.id if chosen is not None else None
     curves = load_runs(experiment, uri, None if sweep == ALL_SWEEPS else sweep, run_ids)
     if not curves:
         where = f" for sweep {sweep!r}" if sweep and sweep != ALL_SWEEPS else ""
@@ -242,16 +252,19 @@ def make_report(
 
     parent = _parent_run(curves, experiment, uri, sweep)
     prior = spread if spread is not None else _spread_prior(uri, parent)
-    rows, used = variant_rows(curves, out, prior=prior, with_spread=True)
+    rows, used = variant_rows(curves, out, prior=prior, with_spread=True, c_min=c_min)
     base = next((row for row in rows if row.verdict.label == "base"), None)
     for row in rows:
         title = f"{row.label} ({_seeds(row)}, {row.run_status})"
         stop = stopped_at(row.curves[0].tags)
         plot_variant(row.curves, row.fit, row.plot, title, extrap=row.extrapolation,
                      forecast=stop.band if stop is not None else None)
-    overview = plot_overview([(row.label, row.curves, row.fit) for row in rows], out / "overview.png")
-    params_plot = plot_params([(row.label, row.fit, row.ranked.b_fit) for row in rows],
-                              base.label if base else None, out / "params.png", A_TIE)
+    shown = order_rows(rows)  # the order of the report's tables (the base first, then by the claim)
+    verdicts = {row.label: row.verdict.text for row in rows}
+    overview = plot_overview([(row.label, row.curves, row.fit) for row in shown], out / "overview.png",
+                             base=base.label if base else None, verdicts=verdicts)
+    params_plot = plot_params([(row.label, row.fit, row.ranked.b_fit) for row in shown],
+                              base.label if base else None, out / "params.png", A_TIE, verdicts=verdicts)
     linear_items = [(row.label, row.curves, row.ranked.b_fit or row.fit, row.B_label) for row in rows]
     linearized = plot_linearized(linear_items, out / "linearized.png")
 
@@ -260,7 +273,7 @@ def make_report(
         sweep=sweep if run_ids is None else None,
         rows=rows,
         out_dir=out,
-        csv=_write_run_csv(rows, out / "fits.csv"),
+        csv=_write_run_csv(rows, out / "fits.csv", c_min),
         markdown=out / "report.md",
         html=out / "report.html",
         overview=overview,
@@ -270,6 +283,9 @@ def make_report(
         base=base.label if base else None,
         sweeps=tuple(sorted({c.sweep for c in curves})),
         spread=used,
+        others=tuple(s for s in seen if s.id != sweep),
+        picked=picked,
+        c_min=c_min,
     )
     report.table_md = terminal_text(report)
     _write_csv(rows, report.variants_csv, used)
@@ -289,18 +305,19 @@ def make_report(
 
 
 def variant_rows(curves: list[RunCurve], out: Path = Path("."), *, prior: Spread = Spread(),
-                 with_spread: bool = False):
+                 with_spread: bool = False, c_min: float | None = None):
     """Complete runs: grouped into variants, fitted, ranked, judged against the base (these runs, and the recipes
     with the spread between runs that the seeds and `prior` give); then incomplete runs, grouped and fitted, with no
-    rank and no verdict. A variant of an adaptive sweep is judged by the rule's own test where it stopped (or at its
+    rank and no verdict; every fit leaves out the points below `c_min` (None: the paper's cut, 1.5/16 of each
+    run's largest compute). A variant of an adaptive sweep is judged by the rule's own test where it stopped (or at its
     full budget), beside the base cut at its compute. Returns the rows (and the spread used, with_spread)."""
     complete = group_seeds([c for c in curves if not c.incomplete])
     incomplete = group_seeds([c for c in curves if c.incomplete])
     groups = complete + incomplete
     labels = _labels(groups)
-    states = [_state(group) for group in groups]
+    states = [_state(group, c_min) for group in groups]
     fits = [st if isinstance(st, SigmoidFit) else st.fit for st in states]
-    seed_fits = [[fits[i]] if len(group) == 1 else [_fit_of(_state([c])) for c in group]
+    seed_fits = [[fits[i]] if len(group) == 1 else [_fit_of(_state([c], c_min)) for c in group]
                  for i, group in enumerate(groups)]
     truths = [run_truth([c.params for c in group]) for group in groups]
     recipes = [recipe_truth([c.params for c in group]) for group in groups]
@@ -327,10 +344,10 @@ def variant_rows(curves: list[RunCurve], out: Path = Path("."), *, prior: Spread
         base_state, base_seeds = (states[base_i], seed_fits[base_i]) if base_i is not None else (None, [])
         if rule is not None and base_i is not None:
             if rule.compute not in cut_bases:
-                cut_bases[rule.compute] = _state([c.upto(rule.compute) for c in groups[base_i]])
+                cut_bases[rule.compute] = _state([c.upto(rule.compute) for c in groups[base_i]], c_min)
             base_state = cut_bases[rule.compute]
             base_seeds = [_fit_of(base_state)] if len(groups[base_i]) == 1 else \
-                [_fit_of(_state([c.upto(rule.compute)])) for c in groups[base_i]]
+                [_fit_of(_state([c.upto(rule.compute)], c_min)) for c in groups[base_i]]
         base_fit = _fit_of(base_state) if base_state is not None else None
 
         def pair_common(i=i, base_state=base_state) -> CommonAFit:
@@ -357,7 +374,7 @@ def variant_rows(curves: list[RunCurve], out: Path = Path("."), *, prior: Spread
             own_notes=own_notes,
             verdict=v,
             ranked=r,
-            extrapolation=_extrapolate(group),
+            extrapolation=_extrapolate(group, c_min),
             plot=out / f"fit-{_safe(r.name)}.png",
             incomplete=why,
             truth=truths[i],
@@ -406,19 +423,19 @@ def fit_group(group: list[RunCurve], *, A: float | None = None) -> SigmoidFit:
         return SigmoidFit.failed(err.reason, n_runs=len(group))
 
 
-def _state(group: list[RunCurve]):
+def _state(group: list[RunCurve], c_min: float | None = None):
     """The group's fit with its grid (for common-A refits), or a failed SigmoidFit record."""
     compute, reward, runs = _pooled(group)
     try:
-        data = prepare(compute, reward, runs=runs)
+        data = prepare(compute, reward, runs=runs, c_min=c_min)
         return fit_state(data)
     except FitError as err:
         return SigmoidFit.failed(err.reason, n_runs=len(group))
 
 
-def _extrapolate(group: list[RunCurve]) -> Extrapolation:
+def _extrapolate(group: list[RunCurve], c_min: float | None = None) -> Extrapolation:
     compute, reward, runs = _pooled(group)
-    return extrapolation_check(compute, reward, fraction=EXTRAPOLATION_FRACTION, runs=runs)
+    return extrapolation_check(compute, reward, fraction=EXTRAPOLATION_FRACTION, runs=runs, c_min=c_min)
 
 
 def _base_index(groups: list[list[RunCurve]], fits: list[SigmoidFit]) -> int | None:
@@ -492,7 +509,7 @@ def _csv_num(x) -> str:
     return f"{x:.6g}"
 
 
-def _write_run_csv(rows: list[ReportRow], path: Path) -> Path:
+def _write_run_csv(rows: list[ReportRow], path: Path, c_min: float | None = None) -> Path:
     """fits.csv: one row per run, the eleven columns of CSV_COLUMNS (docs/analysis.md), then its run id and its
     variant's rank and verdict. A variant with one run has its row as in variants.csv; each seed of a pooled variant
     is fitted alone here (its pooled fit is in variants.csv)."""
@@ -504,7 +521,7 @@ def _write_run_csv(rows: list[ReportRow], path: Path) -> Path:
                 if row.n_seeds == 1:
                     fit = row.fit
                 else:
-                    state = _state([curve])
+                    state = _state([curve], c_min)
                     fit = state if isinstance(state, SigmoidFit) else state.fit
                 numbers = ([fit.A, *fit.ci["A"], fit.B, *fit.ci["B"], fit.C_mid, fit.R0, fit.n_points] if fit.ok
                            else [math.nan] * (len(CSV_COLUMNS) - 2))

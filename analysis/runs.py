@@ -166,18 +166,59 @@ def load_curve(client, run_id: str) -> RunCurve:
     return _curve(client, client.get_run(run_id))
 
 
-def latest_sweep(experiment: str, tracking_uri: str | None = None) -> str | None:
-    """The sweep id (tag ablate.sweep) of the variant run started last in `experiment`; None when there is none, or
-    that run has no sweep tag (runs not logged by ablate: all are reported), or the experiment does not exist
-    (load_runs says so)."""
+SINGLE = "none"  # the ablate.sweep tag of a run launched alone (`python -m ablate`), not by a sweep
+
+
+@dataclass(frozen=True)
+class SweepSeen:
+    """One sweep of an experiment, as a report picks among them: its id (tag ablate.sweep; SINGLE: the runs
+    launched alone; None: runs not logged by ablate), how many variant runs it has, and when the newest started."""
+
+    id: str | None
+    runs: int
+    started: int  # ms since the epoch: the start of its newest variant run
+
+    @property
+    def single(self) -> bool:
+        """Runs launched one at a time, not by a sweep (or not by ablate)."""
+        return self.id in (SINGLE, None)
+
+    @property
+    def text(self) -> str:
+        """ "sweep loo-807177 (9 runs)", "1 run launched alone (--sweep none)"."""
+        n = f"{self.runs} run{'s' if self.runs != 1 else ''}"
+        if self.id == SINGLE:
+            return f"{n} launched alone (--sweep {SINGLE})"
+        return f"{n} without a sweep tag" if self.id is None else f"sweep {self.id} ({n})"
+
+
+def sweeps_of(experiment: str, tracking_uri: str | None = None) -> list[SweepSeen]:
+    """The sweeps of `experiment`'s variant runs, the newest first (by their newest run); [] when the experiment
+    does not exist (load_runs says so) or has no variant run."""
     client = _client(tracking_uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
-        return None
-    for run in client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"], max_results=200):
+        return []
+    seen: dict[str | None, list[int]] = {}
+    for run in _search_all(client, exp.experiment_id, None):
         if _is_variant(run.data.tags):
-            return run.data.tags.get("ablate.sweep")
-    return None
+            seen.setdefault(run.data.tags.get("ablate.sweep"), []).append(run.info.start_time or 0)
+    found = [SweepSeen(id=key, runs=len(starts), started=max(starts)) for key, starts in seen.items()]
+    return sorted(found, key=lambda s: s.started, reverse=True)
+
+
+def pick_sweep(sweeps: list[SweepSeen]) -> SweepSeen | None:
+    """The sweep a report takes by default: the newest sweep; runs launched alone only when there is no sweep (a
+    lone run beside a sweep is seldom what the report was asked for: docs/analysis.md#which-runs)."""
+    return next((s for s in sweeps if not s.single), sweeps[0] if sweeps else None)
+
+
+def latest_sweep(experiment: str, tracking_uri: str | None = None) -> str | None:
+    """The id of the sweep a report takes by default (`pick_sweep`); None when there is none, or its runs have no
+    sweep tag (runs not logged by ablate: all are reported), or the experiment does not exist (load_runs says
+    so)."""
+    picked = pick_sweep(sweeps_of(experiment, tracking_uri))
+    return picked.id if picked is not None else None
 
 
 def find_sweep_parent(experiment: str, sweep: str, tracking_uri: str | None = None) -> str | None:

@@ -10,15 +10,16 @@ from __future__ import annotations
 import base64
 import html
 import math
+import statistics
 import textwrap
 from pathlib import Path
 
 from analysis.adaptive import gpu_hours_saved, stopped_at
-from analysis.law import CI_LEVEL, fmt_compute
+from analysis.law import CI_LEVEL, MIN_POINTS, fmt_compute
 from analysis.published import CAPTION, published, setup_of
 from analysis.rank import (A_NOT_IDENTIFIED, A_TIE, BASELINE, BOTH, CATEGORIES, CRITICAL, MOVES_A, MOVES_B, MOVES_C,
                            NO_CHANGE, NOT_TESTABLE)
-from analysis.runs import ALL_SWEEPS, EXTENDED_TAG
+from analysis.runs import ALL_SWEEPS, EXTENDED_TAG, SINGLE
 
 WIDTH = 120  # the terminal text's widest line
 
@@ -26,22 +27,115 @@ WIDTH = 120  # the terminal text's widest line
 # --- the headline ------------------------------------------------------------------------------------------------
 
 
+def finding(report) -> list[str]:
+    """What was found, in a sentence or two: the variants that moved and what (a move of C_mid in words: "loo-8op
+    and loo-batch need 1.5x and 1.7x scalerl's compute to reach the same reward"), then what could not be seen and
+    at what size (the median resolution of the verdicts of no change, or of all where every variant moved)."""
+    if not report.base:
+        base = next((row for row in report.rows if row.variant == BASELINE and not row.incomplete), None)
+        why = (f"{base.label}, the base every verdict compares with, has no fit (why: below)" if base is not None
+               else f"no complete {BASELINE} run, the base every verdict compares with")
+        return [f"No verdicts: {why}."]
+    judged = [row for row in ordered_rows(report) if row.verdict.label in CATEGORIES]
+    if not judged:
+        return [f"Only {report.base} here: no variant to compare with it." if len(report.rows) == 1 else
+                f"No variant could be compared with {report.base} (why: below)."]
+    moved = [row for row in judged if row.verdict.label != NO_CHANGE]
+    still = [row for row in judged if row.verdict.label == NO_CHANGE]
+    first = f"Against {report.base}, " + ("; ".join(_moves(moved, report.base)) if moved else "no variant moved")
+    doubt = [row.label for row in moved if row.recipe is not None and row.recipe.label == NO_CHANGE]
+    if doubt:  # claims about these runs that do not hold about the recipes
+        first += (f"; about the recipes (the spread between runs of one recipe added), {_joined(doubt)} "
+                  f"show{'s' if len(doubt) == 1 else ''} no detectable change")
+    seen = _unseen([row.verdict for row in (still or judged)])
+    if not still:
+        second = f"At this scale, {seen}."
+    elif moved:
+        who = (f"The other, {still[0].label}, shows" if len(still) == 1 else
+               f"The other {len(still)} ({', '.join(row.label for row in still)}) show")
+        second = f"{who} no detectable change: at this scale, {seen}."
+    else:
+        who = (f"{still[0].label} shows no" if len(still) == 1 else f"None of the {len(still)} shows a")
+        second = f"{who} detectable change: at this scale, {seen}."
+    return [first + ".", second]
+
+
+def _joined(items: list[str]) -> str:
+    """ "a", "a and b", "a, b and c"."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def _moves(rows, base: str) -> list[str]:
+    """One clause a kind of move and its direction (its rows in the report's order): "loo-fp32 and loo-savg lower
+    the ceiling A by 0.072 and 0.039", "loo-8op climbs more slowly towards its ceiling (B -0.61)", "loo-8op and
+    loo-batch need 1.5x and 1.7x scalerl's compute to reach the same reward (C_mid, ...)"."""
+    groups: dict[tuple, list] = {}
+    for row in rows:
+        v = row.verdict
+        up = v.dA > 0 if v.label == MOVES_A else v.dB > 0 if v.label == MOVES_B else None
+        groups.setdefault((v.label, up, row.label if v.label == BOTH else ""), []).append(row)
+    clauses = []
+    for (label, up, _), group in groups.items():
+        names, one = _joined([row.label for row in group]), len(group) == 1
+        if label == MOVES_A:
+            small = [row.label for row in group if row.verdict.small]
+            clauses.append(f"{names} {'raise' if up else 'lower'}{'s' if one else ''} the ceiling A by "
+                           f"{_joined([f'{abs(row.verdict.dA):.3f}' for row in group])}"
+                           + (f" ({'' if one else _joined(small) + ': '}small, within the paper's 0.02 between runs)"
+                              if small else ""))
+        elif label == MOVES_B:
+            dB = ", ".join(f"{row.verdict.dB:+.2f}" for row in group)
+            clauses.append(f"{names} climb{'s' if one else ''} {'faster' if up else 'more slowly'} towards "
+                           f"{'its' if one else 'their'} ceiling (B {dB})")
+        elif label == BOTH:
+            v = group[0].verdict
+            clauses.append(f"{names} {'raises' if v.dA > 0 else 'lowers'} the ceiling A by {abs(v.dA):.3f} and climbs "
+                           f"{'faster' if v.dB > 0 else 'more slowly'} (B {v.dB:+.2f})")
+        else:
+            clauses.append(f"{names} need{'s' if one else ''} "
+                           f"{_joined([f'{row.verdict.compute.ratio:.2g}x' for row in group])} {base}'s compute to "
+                           "reach the same reward (C_mid, the compute at half the gain, moved; the ceiling A and the "
+                           "slope B did not)")
+    return clauses
+
+
+def _unseen(verdicts) -> str:
+    """ "no move of the ceiling A below 0.12, of the slope B below 0.50, nor of the compute needed by a factor below
+    1.30 could be seen (one that size is found 9 times in 10; the median over the verdicts)": the resolutions of
+    these verdicts in words, an open side said so."""
+    res = [v.resolution for v in verdicts if v.resolution]
+    factors = [v.compute.ratio_resolution for v in verdicts if v.compute is not None]
+    if not res:
+        return "how small a move could be seen is not known (no resolution)"
+    dA, dB = statistics.median(r[0] for r in res), statistics.median(r[1] for r in res)
+    factor = statistics.median(factors) if factors else math.nan
+    sizes = [(f"of the ceiling A below {dA:#.2g}", "A", dA), (f"of the slope B below {dB:.2f}", "B", dB),
+             (f"of the compute needed by a factor below {factor:.2f}", "the compute", factor)]
+    said = [text for text, _, x in sizes if math.isfinite(x)]
+    open_ = [name for _, name, x in sizes if math.isinf(x)]
+    parts = []
+    if said:
+        phrase = said[0] if len(said) == 1 else f"{', '.join(said[:-1])}, nor {said[-1]}"
+        median = "; the median over the verdicts" if len(res) > 1 else ""
+        parts.append(f"no move {phrase} could be seen (one that size is found 9 times in 10{median})")
+    if open_:
+        parts.append(f"no move of {_joined(open_)} could be seen at any size (an interval is open)")
+    return "; ".join(parts)
+
+
 def headline(report) -> list[str]:
-    """What was compared, the verdicts in a line, the runs left out and why, the resolution, the truth check."""
-    scope = _scope(report)
+    """What was compared (and the experiment's sweeps not reported), the runs left out and why, the variants with no
+    verdict, the runs with no fit and why (with the flag that changes it), the resolution in a line, the truth
+    check. The finding itself is finding()'s."""
     n_runs = sum(row.n_seeds for row in report.rows)
     seeds = sorted({row.n_seeds for row in report.rows if not row.incomplete})
     per = (f"{seeds[0]} seed{'s' if seeds[0] > 1 else ''} per variant" if len(seeds) == 1
            else "seeds pooled" if seeds else "no complete run")
-    lines = [f"{report.experiment}, {scope}: {len(report.rows)} rows from {n_runs} runs ({per}), "
-             f"{sum(r.fit.ok for r in report.rows)} fitted."]
-    if report.base:
-        runs = _counts([row.verdict for row in report.verdicts])
-        recipes = _counts([row.recipe for row in report.verdicts if row.recipe is not None])
-        lines.append(f"Against {report.base}: {runs}." + (f" The recipes: {recipes}." if recipes != runs else
-                                                          " The recipes: the same."))
-    else:
-        lines.append(f"No complete {BASELINE} run: no verdicts against the base recipe.")
+    lines = [f"{report.experiment}, {_scope(report)}: {_n(len(report.rows), 'variant')} from {_n(n_runs, 'run')} "
+             f"({per}), {sum(r.fit.ok for r in report.rows)} fitted."]
+    if report.others:
+        lines.append(f"Not reported: {'; '.join(s.text for s in report.others)}. --sweep ID reports another, "
+                     "--sweep all pools them.")
     if report.left_out:
         named = "; ".join(f"{row.label}: {row.incomplete}" for row in report.left_out)
         lines.append(f"No rank and no verdict (incomplete runs): {named}.")
@@ -49,37 +143,44 @@ def headline(report) -> list[str]:
     if early:
         lines.append(f"No verdict yet, {A_NOT_IDENTIFIED} (a run's data stop before its fitted C_mid, nothing else "
                      f"moved): {', '.join(early)}.")
-    untestable = [row for row in report.rows if row.verdict.label == NOT_TESTABLE]
-    if untestable:
-        named = "; ".join(f"{row.label}: {row.verdict.detail}" for row in untestable)
-        lines.append(f"No verdict, {NOT_TESTABLE}: {named}.")
+    untestable = [row.label for row in ordered_rows(report) if row.verdict.label == NOT_TESTABLE]
+    if untestable:  # the sweep's reasons run to paragraphs: they are the verdicts' (verdict_lines)
+        lines.append(f"No verdict, {NOT_TESTABLE}: {', '.join(untestable)} (why: each one's verdict in the report).")
+    lines += [no_fit_line(report, row) for row in report.rows if not row.fit.ok]
     res, res_c, res_r = report.resolution, report.compute_resolution, report.recipe_resolution
     if res is not None:
-        compute = (f", compute to reach a common reward {_res_c(res_c)}" if res_c is not None else "")
-        recipes = (f"; between the recipes, {_res_a(res_r[0])} and {_res_b(res_r[1])} (the spread between runs of one "
-                   f"recipe added: {report.spread.source})" if res_r is not None else "")
-        lines.append(f"Resolution, found 9 times in 10 (median over the verdicts): between these runs "
-                     f"{_res_a(res[0])}, {_res_b(res[1])}{compute}{recipes}. \"No detectable change\" means: none at "
-                     "that resolution.")
+        compute = f", compute {_res_c(res_c)}" if res_c is not None else ""
+        recipes = (f"; the recipes {_res_a(res_r[0])}, {_res_b(res_r[1])} (spread: {report.spread.source})"
+                   if res_r is not None else "")
+        lines.append(f"Resolution (found 9 times in 10, the median over the verdicts): these runs {_res_a(res[0])}, "
+                     f"{_res_b(res[1])}{compute}{recipes}.")
     if report.has_truth:
         lines.append(truth_line(report))
     return lines
 
 
-def _counts(verdicts) -> str:
-    """ "2 moves A (1 small), 1 moves B" over CATEGORIES, or "no verdicts"."""
-    counts = {label: 0 for label in CATEGORIES}
-    small = 0
-    for v in verdicts:
-        counts[v.label] += v.label in counts
-        small += v.small
-    said = [f"{n} {label}" for label, n in counts.items() if n]
-    said = [s + (f" ({small} small)" if s.endswith(f" {MOVES_A}") and small else "") for s in said]
-    return ", ".join(said) or "no verdicts"
+def _n(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def no_fit_line(report, row) -> str:
+    """Why a row has no fit; where it has too few points, what --c-min (the compute below which points are left
+    out) would keep: "loo-lp has no fit: too few points: 3 at compute >= c_min=0.00125 (need 5); --c-min 0 keeps
+    all 9 after compute 0 (now: 1.5/16 of its largest compute, the paper's cut)"."""
+    why = row.fit.status
+    if not why.startswith("too few points"):
+        return f"{row.label} has no fit: {why}."
+    after = sum(x > 0 and math.isfinite(r) for c in row.curves for x, r in zip(c.compute, c.pass_rate))
+    cut = f"--c-min {report.c_min:g}" if report.c_min is not None else "1.5/16 of its largest compute, the paper's cut"
+    advice = (f"--c-min 0 keeps all {after} after compute 0 (now: {cut})" if after >= MIN_POINTS and report.c_min != 0
+              else f"it has {after} after compute 0 in all, so no --c-min helps: run longer or validate more often "
+                   "(train.val_every)")
+    return f"{row.label} has no fit: {why.split(';')[0]}; {advice}."
 
 
 def truth_line(report) -> str:
-    """ "Mock runs, known truth: 8 of 8 verdicts agree with it, about the recipes 8 of 8 (not: ...)." """
+    """ "Mock runs, known truth: 8 of 8 verdicts agree with it; about the recipes 7 of 8 (not: ...)." (the truth is
+    beside each fit in the report)"""
     judged = [row for row in report.rows if row.expected is not None]
     wrong = [row.label for row in judged if row.truth_disagrees]
     recipes = [row for row in report.rows if row.recipe_expected is not None]
@@ -87,28 +188,30 @@ def truth_line(report) -> str:
     about = (f"; about the recipes {len(recipes) - len(wrong_r)} of {len(recipes)}"
              + (f" (not: {', '.join(wrong_r)})" if wrong_r else "") if recipes else "")
     return (f"Mock runs, known truth: {len(judged) - len(wrong)} of {len(judged)} verdicts agree with it"
-            + (f" (not: {', '.join(wrong)})" if wrong else "") + about
-            + "; the truth is beside each fit in the report.")
+            + (f" (not: {', '.join(wrong)})" if wrong else "") + about + ".")
 
 
 def _scope(report) -> str:
     if report.sweep is None:
-        return f"selected runs of sweep {', '.join(report.sweeps)}"
+        return ("every run (none tagged with a sweep)" if report.picked else
+                f"selected runs of sweep {', '.join(report.sweeps)}")
     if report.sweep == ALL_SWEEPS:
         return f"all sweeps ({', '.join(report.sweeps)})"
-    return f"sweep {report.sweep}"
+    if report.sweep == SINGLE:
+        return f"the runs launched alone (--sweep {SINGLE})"
+    return f"sweep {report.sweep}" + (" (the latest)" if report.picked else "")
 
 
 def _res_a(x: float) -> str:
-    return f"|ΔA| >= {x:.3f}" if math.isfinite(x) else "any ΔA (not resolved: an A interval is open)"
+    return f"|ΔA| {x:.3f}" if math.isfinite(x) else "ΔA not resolved (an A interval is open)"
 
 
 def _res_b(x: float) -> str:
-    return f"|ΔB| >= {x:.2f}" if math.isfinite(x) else "any ΔB (not resolved: a B interval is open)"
+    return f"|ΔB| {x:.2f}" if math.isfinite(x) else "ΔB not resolved (a B interval is open)"
 
 
 def _res_c(factor: float) -> str:
-    return f"x{factor:.2f} or more" if math.isfinite(factor) else "by any factor (not resolved: an interval is open)"
+    return f"x{factor:.2f}" if math.isfinite(factor) else "not resolved (an interval is open)"
 
 
 # --- the ranked table --------------------------------------------------------------------------------------------
@@ -142,8 +245,48 @@ def table_cells(rows) -> list[list[str]]:
         fit, v = row.fit, row.verdict
         numbers = ([_interval(fit.A, fit.ci["A"], 3), _interval(fit.B, fit.ci["B"], 2)] if fit.ok else ["", ""])
         dA = f"{v.dA:+.3f}" if v.dA is not None and v.label in CATEGORIES else ""
-        cells.append(["" if row.rank is None else str(row.rank), row.label, *numbers, dA, _delta_b(row), v.text])
+        cells.append([rank_text(row, rows), row.label, *numbers, dA, _delta_b(row), v.text])
     return cells
+
+
+def rank_text(row, rows) -> str:
+    """The row's rank (by A, then B), "=1" where another row shares it (a tie: their intervals overlap), "" for no
+    rank."""
+    if row.rank is None:
+        return ""
+    return f"={row.rank}" if sum(other.rank == row.rank for other in rows) > 1 else str(row.rank)
+
+
+# The rows in the order the report shows them: the base first, then by the claim against it (CLAIM_ORDER), within a
+# claim the largest change first (|ΔA| for a move of A, |ΔB| for one of B, the compute ratio for C_mid), the rest
+# (no change, no verdict) by rank; rows with no rank (failed fits, incomplete runs) last.
+CLAIM_ORDER = ("base", MOVES_A, BOTH, MOVES_B, MOVES_C, NO_CHANGE, A_NOT_IDENTIFIED, NOT_TESTABLE)
+
+
+def ordered_rows(report) -> list:
+    """report.rows in the order every table and the A/B plot show them (order_rows)."""
+    return order_rows(report.rows)
+
+
+def order_rows(rows) -> list:
+    """The rows by CLAIM_ORDER, then the size of the change, then the rank (a stable sort: equal keys keep the
+    ranking's order)."""
+    def size(row) -> float:
+        v = row.verdict
+        if v.label in (MOVES_A, BOTH) and v.dA is not None:
+            return abs(v.dA)
+        if v.label == MOVES_B and v.dB is not None:
+            return abs(v.dB)
+        if v.label == MOVES_C and v.compute is not None and v.compute.ratio > 0:
+            return abs(math.log(v.compute.ratio))
+        return 0.0
+
+    def key(row):
+        label = row.verdict.label
+        claim = CLAIM_ORDER.index(label) if label in CLAIM_ORDER and not row.incomplete else len(CLAIM_ORDER)
+        return claim, row.rank is None, -size(row), row.rank if row.rank is not None else 0
+
+    return sorted(rows, key=key)
 
 
 def md_line(cells) -> str:
@@ -158,63 +301,20 @@ def ranked_table(report) -> str:
     return md_table(TABLE_HEADERS, table_cells(report.rows))
 
 
-# the terminal's table (at most WIDTH columns): the verdicts about these runs and about the recipes; the changes and
-# resolutions go on one line a verdict below it (summary_lines)
+# the terminal's table (at most WIDTH columns): the verdicts about these runs and about the recipes; the changes with
+# their z and the resolution of each verdict are report.md's (the terminal says the resolutions in a line: headline)
 TERMINAL_HEADERS = ["#", "variant", "A [90% CI]", "B own fit [90% CI]", "these runs", "the recipes"]
 
 
 def terminal_cells(rows) -> list[list[str]]:
+    """The terminal table's cells; the verdict about the recipes is "the same" where it is the one about these runs
+    (the table stays within WIDTH, and what differs stands out)."""
     out = []
     for row, cells in zip(rows, table_cells(rows)):
         recipe = (row.recipe.text if row.recipe is not None and row.recipe.label in (*CATEGORIES, A_NOT_IDENTIFIED)
                   else "base" if row.verdict.label == "base" else "")
-        out.append([*cells[:4], cells[6], recipe])
+        out.append([*cells[:4], cells[6], "the same" if recipe == cells[6] != "base" else recipe])
     return out
-
-
-def summary_lines(report) -> list[str]:
-    """One line a verdict: the changes (z), then the resolution between these runs and between the recipes."""
-    lines = []
-    for row in report.rows:
-        v, r = row.verdict, row.recipe
-        if v.label not in (*CATEGORIES, A_NOT_IDENTIFIED):
-            continue
-        parts = [f"ΔA {v.dA:+.3f} (z {v.claims['A'].z:+.1f})" if v.A_identified and "A" in v.claims else
-                 "A not identified yet"]
-        parts.append(f"ΔB {v.dB:+.2f} {'at A ' + format(v.common_A, '.3f') if v.common_A is not None else 'own fits'}"
-                     + (f" (z {v.claims['B'].z:+.1f})" if "B" in v.claims else ""))
-        if v.compute is not None:
-            parts.append(f"compute {v.compute.ratio:.2f}x")
-        res = "resolves " + _short_res(v, r if r is not None and r.resolution else None)
-        lines.append(f"{row.label}: {', '.join(parts)}{_where(row)}; {res}")
-    return lines
-
-
-def _where(row) -> str:
-    """An adaptive sweep's run: " (stopped at step 20 of 40, 8,000 GPU-h saved; vs scalerl cut at 8,000 GPU-h)"."""
-    if not row.decisions:
-        return ""
-    tags = row.curves[0].tags
-    stop = stopped_at(tags)
-    said = (f"stopped at step {stop.step} of {stop.steps}, {fmt_compute(gpu_hours_saved(stop))} GPU-h saved"
-            if stop is not None else f"extended from step {tags[EXTENDED_TAG]}" if EXTENDED_TAG in tags
-            else "ran its budget")
-    cut = f"; vs {BASELINE} cut at {fmt_compute(row.compared_to)} GPU-h" if row.compared_to is not None else ""
-    return f" ({said}{cut})"
-
-
-def _short_res(v, recipes=None) -> str:
-    """ "|ΔA| 0.016 (recipes 0.082), |ΔB| 0.50": the resolution between these runs, and between the recipes where
-    it differs (a side not resolved: "ΔA open")."""
-    out = []
-    for k, name, digits in ((0, "ΔA", 3), (1, "ΔB", 2)):
-        x = v.resolution[k]
-        text = f"|{name}| {x:.{digits}f}" if math.isfinite(x) else f"{name} open"
-        y = recipes.resolution[k] if recipes is not None else x
-        if f"{y:.{digits}f}" != f"{x:.{digits}f}":
-            text += f" (recipes {y:.{digits}f})" if math.isfinite(y) else " (recipes open)"
-        out.append(text)
-    return ", ".join(out)
 
 
 # --- per variant: the verdict with its resolution, and the notes -------------------------------------------------
@@ -366,26 +466,70 @@ def adaptive_total(report) -> str:
 
 
 def terminal_text(report) -> str:
-    """What a sweep prints when it ends, on one screen: the headline, the ranked table with the verdicts about these
-    runs and about the recipes, one line a verdict (its changes and resolutions), the adaptive sweep's total (every
-    line at most WIDTH characters; a variant name too long for the table makes its row longer). The reasoning (each
-    verdict's intervals and tests, the ties, the fit notes, the truth table) is in report.md and report.html."""
-    lines = [wrapped for line in headline(report) for wrapped in _wrap(line)]
-    lines += ["", md_table(TERMINAL_HEADERS, terminal_cells(report.rows)), ""]
-    lines += [w for line in summary_lines(report) for w in _wrap(line, "- ")]
+    """What a sweep prints when it ends, on one screen (under 30 lines for a sweep of nine variants, every line at
+    most WIDTH characters; a variant name too long for the table makes its row longer): the finding in a sentence or
+    two, the headline (what was compared, what was left out and why, the resolution in a line), the table in the
+    report's order (ordered_rows) with the verdicts about these runs and about the recipes, the adaptive sweep's
+    total. The reasoning (each verdict's changes, tests and resolution, the ties, the fit notes, the truth table) is
+    in report.md and report.html."""
+    lines = [wrapped for line in finding(report) + headline(report) for wrapped in _wrap(line)]
+    cells = terminal_cells(ordered_rows(report))
+    lines += ["", md_table(TERMINAL_HEADERS, cells), ""]
+    lines += _wrap("In the report's order: the base, then by verdict, the largest change first"
+                   + ('; "=": a rank shared, the intervals overlap' if any(c[0].startswith("=") for c in cells) else "")
+                   + ". Each verdict's changes, tests and resolution, the ties, the fits' notes"
+                   + (" and the known truth" if report.has_truth else "") + ": report.md and report.html.")
     total = adaptive_total(report)
     if total:
-        lines += [""] + _wrap(total)
-    lines += [""] + _wrap("Each verdict's tests, the ties, the fits' notes"
-                          + (" and the known truth" if report.has_truth else "") + ": report.md and report.html.")
+        lines += _wrap(total)
     return "\n".join(lines)
 
 
 # --- report.md and report.html -----------------------------------------------------------------------------------
 
-FULL_HEADERS = ["rank", "variant", "seeds", "A [90% CI]", "B own fit [90% CI]", "C_mid GPU-h [90% CI]",
-                f"ΔA vs {BASELINE}", "ΔB as compared", "verdict", "resolution", "the recipes", "resolution (recipes)",
-                "status"]
+# The table under the headline and the A/B plot: one line a variant, what it is and what the report says of it
+COMPACT_HEADERS = ["variant", "A [90% CI]", "B own fit [90% CI]", "these runs", "the recipes"]
+# behind it, collapsed: what each verdict rests on (the changes with their z, the resolutions) and the rank
+DETAIL_HEADERS = ["rank", "variant", f"ΔA vs {BASELINE} (z)", "ΔB as compared (z)", "compute to reach R* (z)",
+                  "resolution", "resolution (recipes)"]
+# lower down: each fit as it stands
+FULL_HEADERS = ["rank", "variant", "seeds", "A [90% CI]", "B own fit [90% CI]", "C_mid GPU-h [90% CI]", "status"]
+# a heading per claim in the HTML table (CLAIM_ORDER's, and the rest)
+GROUPS = {"base": "the base recipe", MOVES_A: "moves A: another ceiling", BOTH: "moves A and B",
+          MOVES_B: "moves B: another efficiency (how steeply it climbs)",
+          MOVES_C: "moves C_mid: needs another amount of compute to reach the same reward",
+          NO_CHANGE: "no detectable change at this resolution", A_NOT_IDENTIFIED: f"{A_NOT_IDENTIFIED}: the data stop "
+          "before the fitted C_mid", NOT_TESTABLE: NOT_TESTABLE, "": "no verdict: incomplete runs, failed fits"}
+
+
+def _recipe_text(row) -> str:
+    r = row.recipe
+    if r is not None and r.label in (*CATEGORIES, A_NOT_IDENTIFIED):
+        return r.text
+    return "base" if row.verdict.label == "base" else ""
+
+
+def compact_cells(rows) -> list[list[str]]:
+    return [[cells[1], cells[2], cells[3], cells[6], _recipe_text(row)]
+            for row, cells in zip(rows, table_cells(rows))]
+
+
+def _z(v, claim: str) -> str:
+    return f" (z {v.claims[claim].z:+.1f})" if claim in v.claims else ""
+
+
+def detail_cells(rows) -> list[list[str]]:
+    """Per row with a verdict: the changes against the base with their z, the compute ratio, the resolutions."""
+    cells = []
+    for row, short in zip(rows, table_cells(rows)):
+        v, r = row.verdict, row.recipe
+        judged = v.label in (*CATEGORIES, A_NOT_IDENTIFIED)
+        dA = f"{v.dA:+.3f}{_z(v, 'A')}" if judged and v.dA is not None and v.A_identified else ""
+        dB = f"{_delta_b(row)}{_z(v, 'B')}" if judged and _delta_b(row) else ""
+        compute = f"{v.compute.ratio:.2f}x{_z(v, 'compute')}" if judged and v.compute is not None else ""
+        recipe = r.resolution_text if r is not None and r.resolution else ""
+        cells.append([short[0], short[1], dA, dB, compute, v.resolution_text if judged else "", recipe])
+    return cells
 
 
 def full_cells(rows) -> list[list[str]]:
@@ -394,11 +538,19 @@ def full_cells(rows) -> list[list[str]]:
         fit = row.fit
         c_mid = (f"{fmt_compute(fit.C_mid)} [{fmt_compute(fit.ci['C_mid'][0])}, {fmt_compute(fit.ci['C_mid'][1])}]"
                  if fit.ok else "")
-        r = row.recipe
-        recipe = [r.text, r.resolution_text] if r is not None and r.resolution else ["", ""]
-        cells.append([short[0], short[1], str(row.n_seeds), short[2], short[3], c_mid, short[4], short[5],
-                      short[6], row.verdict.resolution_text, *recipe, row.status])
+        cells.append([short[0], short[1], str(row.n_seeds), short[2], short[3], c_mid, row.status])
     return cells
+
+
+def ties_line(rows) -> str:
+    """ "=1: 8 variants share rank 1 (...)": what a rank with "=" means, once; "" without a shared rank."""
+    shared = sorted({row.rank for row in rows if row.rank is not None
+                     and sum(other.rank == row.rank for other in rows) > 1})
+    if not shared:
+        return ""
+    said = "; ".join(f"={k}: {', '.join(row.label for row in rows if row.rank == k)}" for k in shared)
+    return (f"Rank: by A, then by B (at a common A where the A intervals overlap); \"=\" is a tie, the intervals "
+            f"overlap: {said}.")
 
 
 def method_paragraphs() -> list[str]:
@@ -439,27 +591,46 @@ def method_paragraphs() -> list[str]:
     ]
 
 
-EXTRAP_HEADERS = ["variant", "fitted up to GPU-h", "end GPU-h", "predicted end [90%]", "observed end",
-                  "error", "power law: A", "power law: predicted end", "power law: error"]
+EXTRAP_HEADERS = ["variant", "fitted up to GPU-h", "end GPU-h", "observed end", "sigmoid: predicted end [90%]",
+                  "sigmoid: error", "power law: predicted end", "power law: error", "power law: ceiling"]
+
+
+def _pinned(power) -> bool:
+    """The power law's A held at 1 (analysis.extrapolate.fit_power_law): the points rise with no ceiling below it."""
+    return power.A >= 1.0
 
 
 def extrap_cells(rows) -> list[list[str]]:
+    """Per row: the half-run sigmoid's and power law's predictions of the run's end beside what was observed there;
+    the power law's ceiling, "none below 1" where the fit held it at 1 (a bound, not a finding)."""
     cells = []
     for row in rows:
         ex = row.extrapolation
         if not ex.ok:
-            cells.append([row.label, "", "", ex.status, _num(ex.observed, 3) if math.isfinite(ex.observed) else "",
+            cells.append([row.label, "", "", _num(ex.observed, 3) if math.isfinite(ex.observed) else "", ex.status,
                           "", "", "", ""])
             continue
         power = ex.power if ex.power is not None and ex.power.ok else None
         cells.append([
-            row.label, fmt_compute(ex.c_fit), fmt_compute(ex.c_end),
-            f"{ex.predicted:.3f} [{ex.predicted_ci[0]:.3f}, {ex.predicted_ci[1]:.3f}]",
-            f"{ex.observed:.3f}", f"{ex.error:+.3f}",
-            f"{power.A:.3f}" if power else "", f"{ex.power_predicted:.3f}" if power else "",
-            f"{ex.power_error:+.3f}" if power else "",
+            row.label, fmt_compute(ex.c_fit), fmt_compute(ex.c_end), f"{ex.observed:.3f}",
+            f"{ex.predicted:.3f} [{ex.predicted_ci[0]:.3f}, {ex.predicted_ci[1]:.3f}]", f"{ex.error:+.3f}",
+            f"{ex.power_predicted:.3f}" if power else "", f"{ex.power_error:+.3f}" if power else "",
+            ("none below 1" if _pinned(power) else f"{power.A:.3f}") if power else "",
         ])
     return cells
+
+
+def extrap_text(report) -> str:
+    """What the extrapolation table compares, and how many power laws found no ceiling below 1."""
+    powers = [row.extrapolation.power for row in report.rows if row.extrapolation.ok
+              and row.extrapolation.power is not None and row.extrapolation.power.ok]
+    pinned = sum(_pinned(p) for p in powers)
+    text = EXTRAP_TEXT.format(fraction=_fraction(report))
+    if pinned:
+        text += (f" The power law's ceiling is held at 1 (a pass rate's largest) in {pinned} of {len(powers)}: "
+                 "through points that still rise it has no ceiling below 1, the misleading ceiling the paper warns "
+                 "of; its predicted end shows what that costs.")
+    return text
 
 
 EXTRAP_TEXT = ("Each variant refitted on the first {fraction:.0%} of its compute; the fit's prediction for the end "
@@ -476,7 +647,8 @@ BESIDE_HEADERS = ["variant", "A here", "A, paper", "ΔA here", "ΔA, paper", "B 
 def beside_cells(report) -> list[list[str]]:
     """Each LOO variant's A and B beside the paper's (analysis/published.py); none for a sweep of other variants."""
     cells = []
-    for row, short in zip(report.rows, table_cells(report.rows)):
+    rows = ordered_rows(report)
+    for row, short in zip(rows, table_cells(rows)):
         paper = published(row.label)
         if paper is not None:
             cells.append([row.label, short[2], paper.A, short[4], paper.dA, short[3], paper.B, short[5], paper.dB])
@@ -491,9 +663,33 @@ def _fraction(report) -> float:
     return report.rows[0].extrapolation.fraction if report.rows else math.nan
 
 
+def _more_lines(report) -> list[str]:
+    """The headline's lines the finding above the plot does not already say."""
+    said = finding(report)
+    return [line for line in headline(report) if line not in said]
+
+
+PARAMS_CAPTION = ("A (ceiling) and B (efficiency) of each variant with its 90% interval, in the table's order; the "
+                  "grey band is {base}'s A +- {margin} (the paper's margin: a move inside it is small), the dotted "
+                  "lines {base}'s A and B; colour: the verdict about these runs.")
+
+
 def markdown_page(report) -> str:
-    parts = [f"# Sigmoid fits: {report.experiment}", "", *(p + "\n" for p in headline(report)),
-             ranked_table(report), "", "## Verdicts", "", *(f"- {line}" for line in verdict_lines(report)), ""]
+    """report.md: the finding, the A/B plot, the table in ordered_rows's order; what the verdicts rest on and why,
+    collapsed (<details>, which GitHub and MLflow render); then the other figures and tables, the method last."""
+    rows = ordered_rows(report)
+    parts = [f"# Sigmoid fits: {report.experiment}", "", " ".join(finding(report)), "",
+             f"![A and B of each variant]({report.params_plot.name})", "",
+             PARAMS_CAPTION.format(base=report.base or BASELINE, margin=A_TIE), "",
+             md_table(COMPACT_HEADERS, compact_cells(rows)), "", *(p + "\n" for p in _more_lines(report))]
+    ties = ties_line(rows)
+    parts += ["<details><summary>Changes, z-values, resolutions and ranks</summary>", "",
+              md_table(DETAIL_HEADERS, detail_cells(rows)), "", *([ties, ""] if ties else []), "</details>", ""]
+    parts += ["## Verdicts", "", "<details><summary>Why each verdict: what it rests on, its resolution</summary>", "",
+              *(f"- {line}" for line in verdict_lines(report)), "", "</details>", ""]
+    notes = note_lines(report)
+    if notes:
+        parts += ["Notes:", "", *(f"- {line}" for line in notes), ""]
     if report.has_truth:
         parts += ["## Known truth (generator=mock)", "", truth_table(report), "", TRUTH_NOTE, ""]
     if adaptive_cells(report):
@@ -502,32 +698,32 @@ def markdown_page(report) -> str:
     if beside_cells(report):
         parts += ["## Beside the paper", "", md_table(BESIDE_HEADERS, beside_cells(report)), "",
                   beside_caption(report), ""]
-    parts += ["## Fits", "", md_table(FULL_HEADERS, full_cells(report.rows)), ""]
-    notes = note_lines(report)
-    if notes:
-        parts += ["Notes:", "", *(f"- {line}" for line in notes), ""]
-    parts += ["## Method", "", *(p + "\n" for p in method_paragraphs())]
-    parts += ["## A and B side by side", "", f"![A and B]({report.params_plot.name})", ""]
-    parts += ["## Curves and fits", "", f"![all variants]({report.overview.name})", ""]
+    parts += ["## Curves and fits", "", f"![each variant beside {report.base or BASELINE}]({report.overview.name})",
+              ""]
     parts += ["## Linearized (slope B)", "", f"![linearized]({report.linearized.name})", ""]
-    parts += ["## Extrapolation check", "", EXTRAP_TEXT.format(fraction=_fraction(report)), ""]
-    parts += [md_table(EXTRAP_HEADERS, extrap_cells(report.rows))]
-    parts += ["", "## Per variant", ""]
-    parts += [f"![{row.label}]({row.plot.name})" for row in report.rows]
-    return "\n".join(parts) + "\n"
+    parts += ["## Extrapolation check", "", extrap_text(report), "", md_table(EXTRAP_HEADERS, extrap_cells(rows)), ""]
+    parts += ["## Fits", "", md_table(FULL_HEADERS, full_cells(rows)), ""]
+    parts += ["## Per variant", "", *(f"![{row.label}]({row.plot.name})" for row in rows), ""]
+    parts += ["## Method", "", *(p + "\n" for p in method_paragraphs())]
+    return "\n".join(parts).rstrip("\n") + "\n"
 
 
 CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 1250px; margin: 2em auto;
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 1250px; margin: 1.2em auto;
        padding: 0 1em; color: #1f2328; line-height: 1.45; }
-h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; }
+h1 { font-size: 1.4em; margin: 0 0 0.4em; } h2 { font-size: 1.2em; margin-top: 2em; }
+p.finding { font-size: 1.08em; margin: 0 0 0.6em; }
+figure { margin: 0 0 1em; } figure img { max-width: 100%; border: 1px solid #d0d7de; }
+figcaption { font-size: 0.85em; color: #57606a; }
 table { border-collapse: collapse; font-size: 0.88em; width: 100%; }
-th, td { border: 1px solid #d0d7de; padding: 0.35em 0.6em; text-align: left; vertical-align: top; }
+th, td { border: 1px solid #d0d7de; padding: 0.3em 0.6em; text-align: left; vertical-align: top; }
 th { background: #f6f8fa; } tr:nth-child(even) td { background: #fbfcfd; }
 td.num { font-variant-numeric: tabular-nums; white-space: nowrap; }
+tr.group td { background: #f6f8fa; font-size: 0.92em; color: #57606a; font-style: italic; }
 tr.failed td { color: #9a3412; }
 td.v-movesA, td.v-movesAandB { font-weight: 600; color: #9a3412; } td.v-movesB { font-weight: 600; color: #1d4ed8; }
 td.v-movesC_mid { font-weight: 600; color: #047857; }
+details { margin: 0.8em 0; } summary { cursor: pointer; font-weight: 600; }
 .plots { display: flex; flex-wrap: wrap; gap: 1em; }
 .plots img { max-width: 100%; border: 1px solid #d0d7de; }
 .wide img { max-width: 100%; }
@@ -535,33 +731,57 @@ p.small { font-size: 0.9em; color: #57606a; }
 """
 
 
-def _img(path: Path, alt: str) -> str:
+def _img(path: Path, alt: str, id_: str = "") -> str:
     data = base64.b64encode(path.read_bytes()).decode("ascii")
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+    ident = f' id="{id_}"' if id_ else ""
+    return f'<img{ident} alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 
-def _html_table(headers: list[str], rows_cells: list[list[str]], classes: list[str], num_cols: range) -> str:
-    esc = html.escape
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
-    body = []
-    for klass, cells in zip(classes, rows_cells):
-        tds = []
-        for i, c in enumerate(cells):
-            cls = ' class="num"' if i in num_cols else ""
-            if headers[i] in ("verdict", "the recipes") and c.split(" (")[0] in (MOVES_A, MOVES_B, BOTH, MOVES_C):
-                cls = f' class="v-{c.split(" (")[0].replace(" ", "")}"'
-            text = esc(c).replace(" [", "<br>[") if i in num_cols else esc(c)  # the interval under its estimate
-            tds.append(f"<td{cls}>{text}</td>")
-        body.append(f"<tr{klass}>{''.join(tds)}</tr>")
+VERDICT_COLUMNS = ("verdict", "these runs", "the recipes")  # their cells coloured by the claim
+
+
+def _html_row(headers: list[str], cells: list[str], klass: str, num_cols: range, stack: bool = True) -> str:
+    tds = []
+    for i, c in enumerate(cells):
+        cls = ' class="num"' if i in num_cols else ""
+        if headers[i] in VERDICT_COLUMNS and c.split(" (")[0] in (MOVES_A, MOVES_B, BOTH, MOVES_C):
+            cls = f' class="v-{c.split(" (")[0].replace(" ", "")}"'
+        text = html.escape(c).replace(" [", "<br>[") if i in num_cols and stack else html.escape(c)  # interval below
+        tds.append(f"<td{cls}>{text}</td>")
+    return f"<tr{klass}>{''.join(tds)}</tr>"
+
+
+def _html_table(headers: list[str], rows_cells: list[list[str]], classes: list[str], num_cols: range,
+                groups: list[str] | None = None) -> str:
+    """A table (an interval under its estimate); with `groups` (a heading per row), a heading row where the heading
+    changes, and each estimate and its interval on one line."""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body, last = [], None
+    for k, (klass, cells) in enumerate(zip(classes, rows_cells)):
+        if groups is not None and groups[k] != last:
+            last = groups[k]
+            body.append(f'<tr class="group"><td colspan="{len(headers)}">{html.escape(last)}</td></tr>')
+        body.append(_html_row(headers, cells, klass, num_cols, stack=groups is None))
     return f"<table><thead><tr>{head}</tr></thead><tbody>\n" + "\n".join(body) + "\n</tbody></table>"
 
 
+def _group(row) -> str:
+    label = row.verdict.label
+    return GROUPS[label if label in GROUPS and not row.incomplete else ""]
+
+
 def html_page(report) -> str:
+    """report.html, self-contained, in markdown_page's order: what a reader needs first on the first screen (the
+    finding, the A/B plot), the table below it, the reasoning collapsed, the rest further down."""
     esc = html.escape
-    classes = ["" if row.fit.ok and not row.incomplete else ' class="failed"' for row in report.rows]
-    table = _html_table(FULL_HEADERS, full_cells(report.rows), classes, range(3, 8))
-    extrap = _html_table(EXTRAP_HEADERS, extrap_cells(report.rows), [""] * len(report.rows), range(1, 9))
-    intro = "".join(f"<p>{esc(p)}</p>" for p in headline(report))
+    rows = ordered_rows(report)
+    classes = ["" if row.fit.ok and not row.incomplete else ' class="failed"' for row in rows]
+    compact = _html_table(COMPACT_HEADERS, compact_cells(rows), classes, range(1, 3), [_group(r) for r in rows])
+    detail = _html_table(DETAIL_HEADERS, detail_cells(rows), classes, range(2, 5))
+    full = _html_table(FULL_HEADERS, full_cells(rows), classes, range(3, 6))
+    extrap = _html_table(EXTRAP_HEADERS, extrap_cells(rows), [""] * len(rows), range(1, 9))
+    more = "".join(f'<p class="small">{esc(p)}</p>' for p in _more_lines(report))
+    ties = ties_line(rows)
     method = "".join(f'<p class="small">{esc(p)}</p>' for p in method_paragraphs())
     verdicts = "".join(f"<li>{esc(line)}</li>" for line in verdict_lines(report))
     notes = "".join(f"<li>{esc(line)}</li>" for line in note_lines(report))
@@ -581,27 +801,34 @@ def html_page(report) -> str:
         truth += (f"<h2>Beside the paper</h2>"
                   f"{_html_table(BESIDE_HEADERS, beside, [''] * len(beside), range(1, 9))}"
                   f'<p class="small">{esc(beside_caption(report))}</p>')
-    plots = "\n".join(_img(row.plot, row.label) for row in report.rows)
+    plots = "\n".join(_img(row.plot, row.label) for row in rows)
+    caption = PARAMS_CAPTION.format(base=report.base or BASELINE, margin=A_TIE)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>Sigmoid fits: {esc(report.experiment)}</title>
 <style>{CSS}</style></head>
 <body>
 <h1>Sigmoid fits: {esc(report.experiment)}</h1>
-{intro}
-{table}
-<h2>Verdicts</h2><ul>{verdicts}</ul>
-{f"<h2>Notes</h2><ul>{notes}</ul>" if notes else ""}
+<p class="finding" id="finding">{esc(" ".join(finding(report)))}</p>
+<figure>{_img(report.params_plot, "A and B with intervals", "forest")}<figcaption>{esc(caption)}</figcaption></figure>
+{compact}
+{more}
+<details><summary>Changes, z-values, resolutions and ranks</summary>
+{detail}
+{f'<p class="small">{esc(ties)}</p>' if ties else ""}
+</details>
+<details><summary>Why each verdict: what it rests on, its resolution</summary><ul>{verdicts}</ul></details>
+{f"<details><summary>Notes: ties, the fits' warnings</summary><ul>{notes}</ul></details>" if notes else ""}
 {truth}
-<h2>A and B side by side</h2>
-<div class="wide">{_img(report.params_plot, "A and B with intervals")}</div>
 <h2>Curves and fits</h2>
-<div class="wide">{_img(report.overview, "all variants")}</div>
+<div class="wide">{_img(report.overview, f"each variant beside {report.base or BASELINE}")}</div>
 <h2>Linearized: log F(R) against log C, slope B</h2>
 <div class="wide">{_img(report.linearized, "linearized")}</div>
 <h2>Extrapolation check</h2>
-<p class="small">{esc(EXTRAP_TEXT.format(fraction=_fraction(report)))}</p>
+<p class="small">{esc(extrap_text(report))}</p>
 {extrap}
+<h2>Fits</h2>
+{full}
 <h2>Per variant</h2>
 <div class="plots">
 {plots}

@@ -8,6 +8,7 @@ MLflow says how far its run got. A failed job shows the end of its traceback.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -154,13 +155,25 @@ def _client(uri: Optional[str]):
     return MlflowClient(tracking_uri=uri)
 
 
+def number(x: float) -> str:
+    """A metric for people: thousands separated from 100 up ("2,542"), three significant digits below and no
+    exponent ("0.0000685", "0.950"), so that a tiny run's GPU-hours neither print as 0.000 nor change form down a
+    column."""
+    if x != x or x in (float("inf"), float("-inf")):
+        return str(x)
+    if x == 0:
+        return "0"
+    text = f"{x:.{max(0, 2 - math.floor(math.log10(abs(x))))}f}"
+    return f"{x:,.0f}" if abs(float(text)) >= 100 else text
+
+
 def render(manifest_path: Path, manifest: dict, table: list[Row]) -> str:
     metrics = manifest.get("metrics", [])
     head = ["variant", "job", "state", "run", "step", *metrics]
     lines = [head]
     for r in table:
         lines.append([r.variant, r.job_id or "-", r.state, r.run_status or "-", "" if r.step is None else str(r.step),
-                      *[f"{r.values[m]:,.3f}" if m in r.values else "" for m in metrics]])
+                      *[number(r.values[m]) if m in r.values else "" for m in metrics]])
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     text = [f"sweep {manifest_path.parent.name} ({manifest.get('cluster')}), manifest {manifest_path}"]
     text += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in lines]

@@ -6,6 +6,7 @@ what must not be pooled and for tiny compute. The report of real mock sweeps is 
 """
 
 import csv
+import math
 import os
 import re
 import socket
@@ -255,21 +256,29 @@ def test_failed_truncated_and_running_runs_are_named_in_the_headline_and_get_no_
     assert ("No rank and no verdict (incomplete runs): loo-8op: FAILED at step 400; loo-gspo: RUNNING at step "
             "1,000; loo-batch: truncated at step 800 of 1,600: No-Positive-Resampling retired every training "
             "prompt.") in head
-    assert "Against scalerl: 2 moves A (1 small), 1 moves B." in head
-    assert "No verdict, not testable at this scale: loo-fp32: the model computes in fp32 anyway." in head
+    assert head.startswith("Against scalerl, loo-dapo and loo-npr lower the ceiling A by 0.06")
+    assert "(loo-npr: small, within the paper's 0.02 between runs)" in head
+    assert "; loo-savg climbs faster towards its ceiling (B +0." in head
+    assert "No verdict, not testable at this scale: loo-fp32 (why: each one's verdict in the report)." in head
+    assert "loo-fp32: not testable at this scale. The model computes in fp32 anyway." in report.markdown.read_text()
+    # why the two runs have no fit, on the terminal: two validation points can be helped by no --c-min
+    assert ("loo-lp has no fit: too few points: 1 at compute >= c_min=23.4 (need 5); it has 1 after compute 0 in all, "
+            "so no --c-min helps: run longer or validate more often (train.val_every).") in head
+    assert "loo-plan has no fit: diverged: pass rate fell from" in head
 
 
-def test_the_terminal_summary_fits_a_screen_one_line_a_verdict(report):
-    """At most 120 columns and one screen: the headline, the table with the verdicts about these runs and about the
-    recipes, one line a verdict (its changes and resolutions); the reasoning stays in report.md."""
+def test_the_terminal_summary_fits_a_screen(report):
+    """At most 120 columns and one screen: the finding, the headline, the table with the verdicts about these runs
+    and about the recipes ("the same" where they agree); each verdict's changes and resolution stay in report.md."""
     lines = report.table_md.splitlines()
-    assert max(len(line) for line in lines) <= 120 and len(lines) <= 45
+    assert max(len(line) for line in lines) <= 120 and len(lines) <= 35
     table = [line for line in lines if line.startswith("|")]
     assert table[0] == "| # | variant | A [90% CI] | B own fit [90% CI] | these runs | the recipes |"
     assert len(table) == 2 + len(report.rows)
+    verdicts = {line.split(" | ")[1]: line.split(" | ")[-2:] for line in table[2:]}
+    assert verdicts["loo-npr"] == ["moves A (small)", "no detectable change |"]  # the spread between runs added
+    assert verdicts["loo-dapo"] == ["moves A", "the same |"] and verdicts["scalerl"] == ["base", "base |"]
     below = " ".join(" ".join(lines[lines.index(table[-1]) + 1:]).split())  # unwrapped
-    npr = below.split("- loo-npr: ")[1].split(" - ")[0]
-    assert npr.startswith("ΔA -0.0") and "resolves |ΔA| 0.0" in npr and "(recipes 0.0" in npr
     assert "Notes:" not in below and "report.md and report.html" in below
     md = report.markdown.read_text()
     assert "loo-npr: moves A (small) (resolution |ΔA| >= 0.0" in md and "About the recipes:" in md
@@ -277,7 +286,7 @@ def test_the_terminal_summary_fits_a_screen_one_line_a_verdict(report):
 
 def test_report_files_are_complete(report):
     md = report.markdown.read_text()
-    assert "| # | variant | A [90% CI] |" in md and "| rank | variant | seeds |" in md and "A is the ceiling" in md
+    assert "| variant | A [90% CI] |" in md and "| rank | variant | seeds |" in md and "A is the ceiling" in md
     assert "## Extrapolation check" in md and "power law" in md and "## Verdicts" in md
     assert "Known truth" not in md  # not mock runs
     html = report.html.read_text()
@@ -304,7 +313,9 @@ def test_one_sweep_by_default_the_latest(study, tmp_path):
     latest = make_report(EXPERIMENT, tracking_uri=study.uri, out_dir=tmp_path / "latest")
     assert latest.sweep == OTHER_SWEEP and [row.variant for row in latest.rows] == ["scalerl"]
     assert latest.artifact_run_id == study.parents[OTHER_SWEEP]
-    assert f"{EXPERIMENT}, sweep {OTHER_SWEEP}:" in latest.table_md
+    assert f"{EXPERIMENT}, sweep {OTHER_SWEEP} (the latest):" in latest.table_md
+    assert f"Not reported: sweep {SWEEP} (11 runs)." in " ".join(latest.table_md.split())
+    assert latest.table_md.startswith("Only scalerl here: no variant to compare with it.")
 
 
 def test_all_sweeps_pooled_on_request_attached_nowhere(study, tmp_path):
@@ -513,3 +524,310 @@ def test_the_setup_beside_the_papers_reads_mlflows_params():
     assert setup_of({"model.path": "/models/Qwen3-1.7B", "task.name": "math", "task.data_path": "/d/p.jsonl",
                      "generator.name": "vllm"}) == "model /models/Qwen3-1.7B, task math (/d/p.jsonl), generator vllm"
     assert published("cispo-lr-2e-6") is None and published("loo-npr").A == "not in the paper"
+
+
+# --- the terminal's summary: what was found, in words ----------------------------------------------------------
+
+
+def _verdict_row(label, rank, verdict, recipe=None):
+    """A row as finding() reads it: its name, rank, verdict (about these runs) and recipe verdict."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(label=label, variant=label, rank=rank, verdict=verdict, recipe=recipe, incomplete="")
+
+
+def _shifted(ratio: float, resolution=(0.09, 0.45), factor=1.25):
+    """A verdict "moves C_mid": the variant needs `ratio` x the base's compute to reach R*."""
+    from analysis.rank import MOVES_C, Efficiency, Verdict
+
+    e = Efficiency(R_star=0.7, C=(2.0 * ratio, 2.0), ci=((1.0, 9.0), (1.0, 3.0)), moved=True,
+                   resolution=math.log(factor))
+    return Verdict(MOVES_C, dA=0.0, dB=0.0, compute=e, resolution=resolution)
+
+
+def _unchanged(dA_res: float, dB_res: float, factor: float):
+    from analysis.rank import NO_CHANGE, Efficiency, Verdict
+
+    e = Efficiency(R_star=0.7, C=(2.0, 2.0), ci=((1.0, 3.0), (1.0, 3.0)), moved=False, resolution=math.log(factor))
+    return Verdict(NO_CHANGE, dA=0.0, dB=0.0, compute=e, resolution=(dA_res, dB_res))
+
+
+def test_the_finding_says_in_words_what_moved_and_what_could_not_be_seen():
+    """Before, the terminal's headline was "Against scalerl: 2 moves C_mid, 3 no detectable change": no name, no
+    size, C_mid unexplained. Every number below is the constructed verdicts' own, rounded by hand."""
+    from types import SimpleNamespace
+
+    from analysis.rank import MOVES_A, NO_CHANGE, NOT_TESTABLE, Verdict
+    from analysis.text import finding
+
+    rows = [
+        _verdict_row("scalerl", 1, Verdict("base", dA=0.0, dB=0.0)),
+        _verdict_row("loo-8op", 2, _shifted(1.5), recipe=_unchanged(0.2, 0.9, 2.0)),  # 3.0 vs 2.0 GPU-h: 1.5x
+        _verdict_row("loo-batch", 3, _shifted(1.7)),  # 3.4 vs 2.0: 1.7x, the larger change: first of the two
+        _verdict_row("loo-savg", 4, _unchanged(0.10, 0.40, 1.2)),
+        _verdict_row("loo-plan", 5, _unchanged(0.12, 0.50, 1.3)),
+        _verdict_row("loo-lp", 6, _unchanged(0.14, 0.70, 1.5)),
+        _verdict_row("loo-dapo", 7, Verdict(MOVES_A, dA=-0.06, dB=0.1, resolution=(0.05, 0.4))),
+        _verdict_row("loo-npr", 9, Verdict(MOVES_A, dA=-0.015, dB=0.0, small=True, resolution=(0.01, 0.4))),
+        _verdict_row("loo-fp32", 8, Verdict(NOT_TESTABLE, detail="the model computes in fp32 anyway")),
+    ]
+    report = SimpleNamespace(base="scalerl", rows=rows)
+    assert finding(report) == [
+        "Against scalerl, loo-dapo and loo-npr lower the ceiling A by 0.060 and 0.015 (loo-npr: small, within the "
+        "paper's 0.02 between runs); loo-batch and loo-8op need 1.7x and 1.5x scalerl's compute to reach the same "
+        "reward (C_mid, the compute at half the gain, moved; the ceiling A and the slope B did not); about the "
+        "recipes (the spread between runs of one recipe added), loo-8op shows no detectable change.",
+        # the medians of the three of no change: A 0.10, 0.12, 0.14; B 0.40, 0.50, 0.70; compute x1.2, x1.3, x1.5
+        "The other 3 (loo-savg, loo-plan, loo-lp) show no detectable change: at this scale, no move of the ceiling "
+        "A below 0.12, of the slope B below 0.50, nor of the compute needed by a factor below 1.30 could be seen "
+        "(one that size is found 9 times in 10; the median over the verdicts).",
+    ]
+    # a variant that needs less compute, one of B, nothing left unchanged; an open A interval said so
+    faster = Verdict("moves B", dA=0.0, dB=0.6, resolution=(math.inf, 0.3))
+    rows = [rows[0], _verdict_row("loo-x", 2, _shifted(0.62, resolution=(math.inf, 0.5), factor=1.1)),
+            _verdict_row("loo-y", 3, faster)]
+    assert finding(SimpleNamespace(base="scalerl", rows=rows)) == [
+        "Against scalerl, loo-y climbs faster towards its ceiling (B +0.60); loo-x needs 0.62x scalerl's compute to "
+        "reach the same reward (C_mid, the compute at half the gain, moved; the ceiling A and the slope B did not).",
+        "At this scale, no move of the slope B below 0.40, nor of the compute needed by a factor below 1.10 could be "
+        "seen (one that size is found 9 times in 10; the median over the verdicts); no move of A could be seen at "
+        "any size (an interval is open).",
+    ]
+    rows = [rows[0], _verdict_row("loo-a", 2, _unchanged(0.1, 0.5, 1.3))]  # one verdict: its own resolution
+    assert finding(SimpleNamespace(base="scalerl", rows=rows)) == [
+        "Against scalerl, no variant moved.",
+        "loo-a shows no detectable change: at this scale, no move of the ceiling A below 0.10, of the slope B below "
+        "0.50, nor of the compute needed by a factor below 1.30 could be seen (one that size is found 9 times in 10).",
+    ]
+    rows = [_verdict_row("scalerl", None, Verdict("no fit")), _verdict_row("loo-a", 1, Verdict(NO_CHANGE))]
+    assert finding(SimpleNamespace(base=None, rows=rows)) == [
+        "No verdicts: scalerl, the base every verdict compares with, has no fit (why: below)."]
+
+
+TINY_SWEEP = "loo-807177"
+
+
+def _log_points(client, experiment_id, tags: dict, steps, law, gpu_hours_per_step: float, seed: int) -> str:
+    """A FINISHED run with validation at `steps`, compute logged at each, the pass rate drawn from `law`."""
+    run_id = client.create_run(experiment_id, run_name=tags["ablate.variant"], tags=tags).info.run_id
+    client.log_param(run_id, "train.steps", str(max(steps)))
+    now = int(time.time() * 1000)
+    steps = np.asarray(steps)
+    rate = np.random.default_rng(seed).binomial(16_000, sigmoid_law(steps * gpu_hours_per_step, *law, R0)) / 16_000
+    rate[0] = R0
+    client.log_batch(run_id, metrics=[Metric("compute/gpu_hours", float(s * gpu_hours_per_step), now, int(s))
+                                      for s in steps]
+                     + [Metric("val/pass_rate", float(r), now, int(s)) for s, r in zip(steps, rate)])
+    client.set_terminated(run_id, "FINISHED")
+    return run_id
+
+
+@pytest.fixture(scope="module")
+def tiny_like(tmp_path_factory):
+    """The default sweep's shape (nine variants, three tagged untestable, two needing more compute), then a lone
+    run (`python -m ablate` with its own model) beside it, newer, validated at steps 0-6 and at its end only."""
+    root = tmp_path_factory.mktemp("tiny")
+    uri = f"sqlite:///{root}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    eid = client.create_experiment("tiny", artifact_location=(root / "artifacts").as_uri())
+    parent = client.create_run(eid, run_name=TINY_SWEEP, tags={"ablate.role": "sweep",
+                                                               "ablate.sweep": TINY_SWEEP}).info.run_id
+    c_mid = {"loo-8op": 1.5 * 2542.0, "loo-batch": 1.7 * 2542.0}  # the same A and B: only the compute moves
+    untestable = {"loo-fp32", "loo-lp", "loo-npr"}
+    for seed, name in enumerate(["scalerl", "loo-dapo", "loo-savg", "loo-plan", "loo-fp32", "loo-lp", "loo-8op",
+                                 "loo-batch", "loo-npr"]):
+        tags = {"mlflow.parentRunId": parent, "ablate.role": "variant", "ablate.sweep": TINY_SWEEP,
+                "ablate.variant": name, "ablate.signature": f"{seed:012x}"}
+        if name in untestable:
+            tags["ablate.untestable"] = "not at this scale"
+        _log_points(client, eid, tags, range(0, 1601, 25), (0.61, 1.9, c_mid.get(name, 2542.0)), 10.0, seed)
+    client.set_terminated(parent, "FINISHED")
+    time.sleep(0.01)  # the lone run starts last
+    lone = {"ablate.role": "variant", "ablate.sweep": "none", "ablate.variant": "scalerl",
+            "ablate.signature": "f" * 12}
+    _log_points(client, eid, lone, [0, 1, 2, 3, 4, 5, 6, 100], (0.61, 1.9, 250.0), 10.0, 99)
+    return uri
+
+
+def test_the_terminal_summary_of_the_default_sweep_says_the_finding_first_in_under_30_lines(tiny_like, tmp_path):
+    report = make_report("tiny", tracking_uri=tiny_like, out_dir=tmp_path)
+    # the lone run, newer than the sweep, is not what is reported: the sweep is, and the lone run is named below
+    assert report.sweep == TINY_SWEEP and report.picked, report.table_md
+    lines = report.table_md.splitlines()
+    assert len(lines) < 30 and max(len(line) for line in lines) <= 120, report.table_md
+    text = " ".join(" ".join(lines).split())  # unwrapped
+    assert text.startswith("Against scalerl, loo-batch and loo-8op need 1.7x and 1.5x scalerl's compute to reach "
+                           "the same reward (C_mid, the compute at half the gain, moved;"), text
+    table = [line.split(" | ") for line in lines if line.startswith("|")][2:]  # in the report's order
+    assert [cells[1] for cells in table[:3]] == ["scalerl", "loo-batch", "loo-8op"]  # the base, then the claims
+    still = [cells[1] for cells in table if cells[4] == "no detectable change"]
+    assert sorted(still) == ["loo-dapo", "loo-plan", "loo-savg"]  # the same law as scalerl's
+    assert (f"The other 3 ({', '.join(still)}) show no detectable change: at this scale, no move of the ceiling A "
+            "below 0.0") in text
+    assert f"tiny, sweep {TINY_SWEEP} (the latest): 9 variants from 9 runs (1 seed per variant), 9 fitted." in text
+    assert ("Not reported: 1 run launched alone (--sweep none). --sweep ID reports another, --sweep all pools "
+            "them.") in text
+    untestable = [cells[1] for cells in table if cells[4] == "not testable at this scale"]
+    assert sorted(untestable) == ["loo-fp32", "loo-lp", "loo-npr"]
+    assert f"No verdict, not testable at this scale: {', '.join(untestable)} (why: each one's verdict" in text
+
+
+def test_a_run_with_no_fit_says_why_on_the_terminal_with_the_flag_that_changes_it(tiny_like, tmp_path, capsys):
+    """Before, `analysis report` printed "No complete scalerl run" and the reason was only in report.md, with advice
+    ("set c_min lower") that no flag carried."""
+    from analysis.__main__ import main
+
+    assert main(["report", "--experiment", "tiny", "--tracking-uri", tiny_like, "--sweep", "none",
+                 "--out", str(tmp_path / "cut")]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    # 8 points: steps 0-6 and 100 at 10 GPU-h a step; the paper's cut, 1.5/16 of 1,000 GPU-h, keeps step 100 alone
+    assert "tiny, the runs launched alone (--sweep none): 1 variant from 1 run (1 seed per variant), 0 fitted." in text
+    assert f"Not reported: sweep {TINY_SWEEP} (9 runs)." in text
+    assert ("scalerl has no fit: too few points: 1 at compute >= c_min=93.8 (need 5); --c-min 0 keeps all 7 after "
+            "compute 0 (now: 1.5/16 of its largest compute, the paper's cut).") in text
+    assert "No verdicts: scalerl, the base every verdict compares with, has no fit (why: below)." in text
+    assert main(["report", "--experiment", "tiny", "--tracking-uri", tiny_like, "--sweep", "none", "--c-min", "0",
+                 "--out", str(tmp_path / "all")]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "has no fit" not in text and "1 fitted" in text
+    assert main(["report", "--experiment", "tiny", "--tracking-uri", tiny_like, "--c-min", "-1"]) == 2
+    assert capsys.readouterr().err == ("error: --c-min is the compute (GPU-hours) below which points are left out: it "
+                                       "must be >= 0, got -1.0\n")
+
+
+# --- the report's layout (issue 43: a report one looks at) ---------------------------------------------------------
+
+
+def _row(label, verdict, rank, incomplete=""):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(label=label, verdict=verdict, rank=rank, incomplete=incomplete)
+
+
+def test_rows_are_ordered_base_first_then_by_the_claim_and_ties_read_as_ties():
+    """The default sweep's table read 1, 1, 1, 1, 1, 1, 1, 1, 9 with the base fifth: ties on B at a common A. The
+    order is the base, then the claims (A, A and B, B, C_mid, none, untestable), the larger change first, then the
+    rows with no verdict; a shared rank reads "=1"."""
+    from analysis.rank import Efficiency, Verdict
+    from analysis.text import order_rows, rank_text, ties_line
+
+    def c_mid(ratio):
+        compute = Efficiency(0.5, (ratio, 1.0), ((0, 0), (0, 0)), True, 0.1)  # C* / C*_base = ratio
+        return Verdict("moves C_mid", dA=0.0, dB=0.0, compute=compute)
+
+    rows = [_row("loo-none", Verdict("no detectable change", dA=0.001, dB=0.01), 1),
+            _row("loo-c15", c_mid(1.5), 1),
+            _row("scalerl", Verdict("base", dA=0.0, dB=0.0), 1),
+            _row("loo-fast", c_mid(0.5), 1),  # |ln 0.5| 0.69 > ln 1.5 0.41: the larger change first
+            _row("loo-b", Verdict("moves B", dA=0.0, dB=-0.4), 1),
+            _row("loo-a1", Verdict("moves A", dA=-0.01, dB=0.0, small=True), 1),
+            _row("loo-fp32", Verdict("not testable at this scale", detail="fp32 anyway"), 1),
+            _row("loo-a6", Verdict("moves A", dA=-0.06, dB=0.0), 1),
+            _row("loo-ab", Verdict("moves A and B", dA=-0.03, dB=0.5), 9),
+            _row("loo-crash", Verdict("no verdict", detail="incomplete"), None, incomplete="FAILED at step 4"),
+            _row("loo-nofit", Verdict("no fit"), None)]
+    order = [row.label for row in order_rows(rows)]
+    assert order == ["scalerl", "loo-a6", "loo-a1", "loo-ab", "loo-b", "loo-fast", "loo-c15", "loo-none",
+                     "loo-fp32", "loo-crash", "loo-nofit"]
+    assert [rank_text(row, rows) for row in rows[:9]] == ["=1"] * 8 + ["9"]
+    assert rank_text(rows[-1], rows) == "" and rank_text(rows[0], rows[:1]) == "1"
+    assert ties_line(rows).startswith("Rank: by A, then by B") and "=1: loo-none, loo-c15, scalerl" in ties_line(rows)
+    assert ties_line(rows[8:]) == ""
+
+
+def test_the_report_opens_with_the_finding_the_ab_plot_and_one_line_a_variant(report):
+    """report.md and report.html: the finding, the A/B plot, the table of one line a variant (A, B, the verdicts
+    about the runs and the recipes); the changes with their z and the resolutions, and each verdict's reasoning,
+    behind <details> (collapsed); the method last."""
+    from analysis.text import COMPACT_HEADERS, finding, ordered_rows
+
+    md, page = report.markdown.read_text(), report.html.read_text()
+    said = " ".join(finding(report))
+    at = [md.index(x) for x in (said, "(params.png)", "| variant | A [90% CI] | B own fit [90% CI] | these runs | "
+                                "the recipes |", "<details><summary>Changes, z-values", "## Verdicts",
+                                "- loo-npr: moves A (small) (resolution", "## Curves and fits", "## Method")]
+    assert at == sorted(at), at
+    table = md.split("| variant | A [90% CI] |")[1].split("\n\n")[0].splitlines()[2:]
+    assert [line.split(" | ")[0].lstrip("| ") for line in table] == [row.label for row in ordered_rows(report)]
+    assert table[0].startswith("| scalerl |") and len(table[0].split(" | ")) == len(COMPACT_HEADERS)
+    assert "(z -" in md.split("<details><summary>Changes, z-values")[1].split("</details>")[0]
+    at = [page.index(x) for x in ('id="finding"', 'id="forest"', "<th>these runs</th>", "<details><summary>Changes",
+                                  "<details><summary>Why each verdict", "<h2>Curves and fits</h2>", "<h2>Method</h2>")]
+    assert at == sorted(at), at
+    assert "<details open" not in page  # collapsed by default
+    assert "loo-npr: moves A (small) (resolution" in page.split("<details><summary>Why each verdict")[1].split(
+        "</details>")[0]
+    assert '<tr class="group"><td colspan="5">moves A: another ceiling</td></tr>' in page
+
+
+def test_the_power_laws_ceiling_at_its_bound_reads_as_none_not_as_a_ceiling_of_1():
+    """"power law: A 1.000" on every row: fit_power_law holds A at 1 (a pass rate's largest) where the points
+    still rise; that is the bound, not a finding. The table says "none below 1", the text how many."""
+    from types import SimpleNamespace
+
+    from analysis.extrapolate import Extrapolation, PowerLawFit
+    from analysis.text import EXTRAP_HEADERS, extrap_cells, extrap_text
+
+    def ex(A):
+        return Extrapolation(0.5, 8.0, 16.0, 0.600, predicted=0.598, predicted_ci=(0.590, 0.606),
+                             power=PowerLawFit(A=A, D=1.0, B=0.5), power_predicted=0.640)
+
+    rows = [SimpleNamespace(label="pinned", extrapolation=ex(1.0)),
+            SimpleNamespace(label="bounded", extrapolation=ex(0.7))]
+    cells = {c[0]: dict(zip(EXTRAP_HEADERS, c)) for c in extrap_cells(rows)}
+    assert cells["pinned"]["power law: ceiling"] == "none below 1"
+    assert cells["bounded"]["power law: ceiling"] == "0.700"
+    assert cells["pinned"]["power law: error"] == "+0.040" and cells["pinned"]["sigmoid: error"] == "-0.002"
+    text = extrap_text(SimpleNamespace(rows=rows))
+    assert "held at 1 (a pass rate's largest) in 1 of 2" in text
+
+
+def _figures(monkeypatch) -> list:
+    """The figures analysis.plots saves, kept (Figure.savefig still writes the file)."""
+    from matplotlib.figure import Figure
+
+    saved, save = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, path, **kw: (saved.append(self), save(self, path, **kw)))
+    return saved
+
+
+def test_plots_draw_compute_in_a_unit_that_suits_the_runs_and_a_panel_per_variant(tmp_path, monkeypatch):
+    """The tiny sweep's compute is ~7e-5 GPU-hours: its axes read 0 to 250 GPU-milliseconds, not 1e-5 GPU-hours;
+    the overview is a panel per variant with the base's law in grey behind it, not nine curves on one line."""
+    from analysis.plots import BASE_GREY, compute_unit
+    from analysis.text import ordered_rows
+
+    assert compute_unit(16_000.0) == ("GPU-hours", 1.0) and compute_unit(0.5) == ("GPU-minutes", 1 / 60)
+    assert compute_unit(0.005)[0] == "GPU-seconds" and compute_unit(7e-5) == ("GPU-milliseconds", 1 / 3.6e6)
+    per_step = 7e-5 / 1600  # a run of 1,600 steps to 7e-5 GPU-hours: 252 GPU-milliseconds
+    uri = _small_store(tmp_path, [("scalerl", "loo-t", {}, per_step), ("loo-dapo", "loo-t", {}, per_step),
+                                  ("loo-npr", "loo-t", {}, per_step)])
+    saved = _figures(monkeypatch)
+    report = make_report("small", tracking_uri=uri, out_dir=tmp_path / "out")
+    overview = next(fig for fig in saved if fig.get_suptitle())
+    panels = [ax for ax in overview.axes if ax.axison]
+    assert [ax.get_title().split(":")[0] for ax in panels] == [row.label for row in ordered_rows(report)]
+    assert {ax.get_xlabel() for ax in panels if ax.get_xlabel()} == {"compute (GPU-milliseconds)"}
+    labels = {ax.get_xlabel() for fig in saved for ax in fig.axes if "compute" in ax.get_xlabel()}
+    assert labels == {"compute (GPU-milliseconds)", "compute C (GPU-milliseconds, log)"}  # each variant's too
+    top = max(np.max(line.get_xdata()) for ax in panels for line in ax.get_lines() if len(line.get_xdata()))
+    assert 252 * 0.99 < top < 252 * 1.2  # the run's end, in GPU-milliseconds (the law drawn 10% past it)
+    greys = [ax for ax in panels if any(line.get_color() == BASE_GREY for line in ax.get_lines())]
+    assert len(greys) == 2 and panels[0].get_title() == "scalerl: base"  # the base behind each other variant
+
+
+def test_no_legend_is_asked_of_a_figure_with_nothing_labelled(tmp_path):
+    """matplotlib's "No artists with labels found to put in legend" reached `analysis report`'s terminal when no
+    variant was fitted (the linearized plot had no line). A legend is drawn only where something is labelled."""
+    import warnings
+
+    from analysis.fit import SigmoidFit
+    from analysis.plots import plot_linearized
+
+    curve = RunCurve(run_id="r1", run_name="scalerl", variant="scalerl", axis="none", choice="scalerl",
+                     signature="s", status="FINISHED", sweep="s", parent_run_id=None, step=np.arange(3),
+                     compute=np.array([0.0, 1.0, 2.0]), pass_rate=np.array([0.3, 0.4, 0.5]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the warning, were it raised, fails the test
+        plot_linearized([("scalerl", [curve], SigmoidFit.failed("too few points: 2"), "own fit")], tmp_path / "l.png")
+    assert (tmp_path / "l.png").stat().st_size > 1000

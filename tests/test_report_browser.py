@@ -1,9 +1,11 @@
 """The HTML report in a real browser (headless Chromium, Debian's package, which .ci/run installs): it renders with
-no broken image and no script error, and its screenshot is kept as a test artifact (test-artifacts/, or
-$ABLATE_TEST_ARTIFACTS)."""
+no broken image and no script error, the finding and the A/B plot lie in the first screen at 1280 x 900 (positions
+read from the page), and its screenshots (that first screen, and the full page) are kept as test artifacts
+(test-artifacts/, or $ABLATE_TEST_ARTIFACTS)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -29,15 +31,23 @@ CHECK = """<script>window.addEventListener("load", () => {
   }
   console.log("checked " + document.images.length + " images");
 });</script>"""
+# Injected likewise: where the finding and the A/B plot lie on the page, and how tall the page is
+WHERE = """<script>window.addEventListener("load", () => {
+  const box = (id) => { const r = document.getElementById(id).getBoundingClientRect();
+                        return {top: r.top, bottom: r.bottom, left: r.left, right: r.right}; };
+  console.log("where " + JSON.stringify({finding: box("finding"), forest: box("forest"),
+                                         height: document.documentElement.scrollHeight}));
+});</script>"""
+SCREEN = (1280, 900)
 
 
-def _render(page: Path, screenshot: Path) -> list[str]:
-    """The page in headless Chromium with CHECK appended: the console's messages; a screenshot of it."""
+def _render(page: Path, screenshot: Path, size: tuple[int, int] = (1280, 2400), script: str = CHECK) -> list[str]:
+    """The page in headless Chromium at `size` with `script` appended: the console's messages; a screenshot of it."""
     checked = page.with_name("checked-" + page.name)
-    checked.write_text(page.read_text() + CHECK)
+    checked.write_text(page.read_text() + script)
     out = subprocess.run([BROWSER, "--headless=new", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
-                          "--v=0", "--virtual-time-budget=10000", "--window-size=1280,2400",
-                          f"--screenshot={screenshot}", checked.as_uri()],
+                          "--v=0", "--virtual-time-budget=10000", f"--window-size={size[0]},{size[1]}",
+                          "--hide-scrollbars", f"--screenshot={screenshot}", checked.as_uri()],
                          capture_output=True, text=True, timeout=120)
     return re.findall(r'CONSOLE[^\]]*\] "(.*?)", source', out.stderr)
 
@@ -56,6 +66,10 @@ def adaptive_report(tmp_path_factory):
     _log_variant(client, exp, parent, Variant("scalerl", 0.61, 1.9, 2542.0, params=steps), 0)
     _log_variant(client, exp, parent, Variant("loo-savg", 0.58, 1.9, 2542.0, params=steps), 1)
     stopped = _log_variant(client, exp, parent, Variant("loo-dapo", 0.45, 4.0, 2542.0, last_step=800, params=steps), 2)
+    # the rest of a LOO sweep, nine rows as the default sweep's, most of them close to the base
+    for k, (name, A, B) in enumerate((("loo-plan", 0.60, 1.9), ("loo-fp32", 0.61, 1.8), ("loo-lp", 0.61, 2.0),
+                                      ("loo-8op", 0.59, 1.5), ("loo-batch", 0.60, 1.7), ("loo-npr", 0.61, 1.9))):
+        _log_variant(client, exp, parent, Variant(name, A, B, 2542.0, params=steps), 3 + k)
     curves = {c.variant: c for c in load_runs("adaptive", uri)}
     base, far = (Curve(c.step, c.compute, c.pass_rate) for c in (curves["scalerl"], curves["loo-dapo"]))
     decision = decide(far, base, rung=1, step=800, steps=1600)
@@ -87,3 +101,22 @@ def test_the_html_report_renders_in_a_browser_with_every_image_and_no_script_err
     messages = _render(broken, tmp_path / "broken.png")
     assert any(m.startswith("broken image: ") for m in messages), messages
     assert any("undefined_function is not defined" in m for m in messages), messages
+
+
+def test_at_1280_by_900_the_finding_and_the_ab_plot_lie_in_the_first_screen(adaptive_report, tmp_path):
+    """Issue 43: the first figure started near 3,300 px, under a wall of text. Where the finding and the A/B plot lie
+    is read from the page as Chromium lays it out at 1280 x 900; both screenshots are kept."""
+    assert len(adaptive_report.rows) == 9  # the default sweep's size
+    artifacts = Path(os.environ.get("ABLATE_TEST_ARTIFACTS", REPO / "test-artifacts"))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    messages = _render(adaptive_report.html, artifacts / "report-first-screen.png", SCREEN, WHERE)
+    said = [m.removeprefix("where ") for m in messages if m.startswith("where ")]
+    assert said, messages  # no #finding or #forest on the page: the script failed, and said why
+    where = json.loads(said[0])
+    for name in ("finding", "forest"):
+        box = where[name]
+        assert 0 <= box["top"] < box["bottom"] <= SCREEN[1] and box["right"] <= SCREEN[0], (name, where)
+    assert where["forest"]["bottom"] - where["forest"]["top"] > 300  # the plot itself, not a sliver of it
+    assert where["height"] > SCREEN[1]  # there is more below: the page is not cut to one screen
+    _render(adaptive_report.html, artifacts / "report-full-page.png", (SCREEN[0], where["height"]), WHERE)
+    assert (artifacts / "report-full-page.png").stat().st_size > (artifacts / "report-first-screen.png").stat().st_size
