@@ -1,17 +1,23 @@
-"""Composing configs in-process (one per sweep variant), reading an axis's choice, and a run's signature."""
+"""Composing configs in-process (one per sweep variant), reading an axis's choice, and a run's signature; the
+command line's overrides checked against the keys a run reads, and the study (MLflow experiment) a run of the
+user's own model or data is filed under."""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import hashlib
 import json
+import re
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ablate import schema
 
@@ -36,7 +42,13 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
     with _hydra():
         added = user_searchpath()
         searchpath = [f"hydra.searchpath=[{','.join(added)}]"] if added else []
-        return hydra_compose(config_name=CONFIG_NAME, overrides=[*searchpath, *overrides])
+        cfg = hydra_compose(config_name=CONFIG_NAME, overrides=[*searchpath, *overrides], return_hydra_config=True)
+    choices = dict(cfg.hydra.runtime.choices)
+    with open_dict(cfg):  # as hydra's compose leaves it without return_hydra_config
+        del cfg["hydra"]
+    check_overrides(cfg, overrides, choices)
+    file_study(cfg, overrides, choices)
+    return cfg
 
 
 USER_SOURCES = ("command-line", "hydra.searchpath in command-line")  # --config-dir; hydra.searchpath=[...]
@@ -71,6 +83,100 @@ def merge_overrides(first: Sequence[str], then: Sequence[str]) -> list[str]:
         return not any(key == r or key.startswith(r + ".") for r in replaced)
 
     return [o for o in first if kept(o)] + list(then)
+
+
+def check_overrides(cfg: DictConfig, overrides: Sequence[str], choices: Mapping[str, Optional[str]]) -> None:
+    """Every key the command line sets is one the run reads, else one ValueError naming it
+    (docs/design.md#overrides-and-studies).
+
+    `+key=value` adds a key only inside a dict of the user's own keys (the schema's dict-typed fields:
+    model.overrides, task.chat_kwargs, launcher.additional, ...): `+train.step=10`, which Hydra suggests for the
+    typo train.step, would be a key nothing reads beside train.steps. And a key of one option of a group is not set
+    while another option is chosen: `task.data_path=x.jsonl` is task=math's, read by no other task. `cfg` is the
+    config composed with `overrides`; `choices`, Hydra's choice in each group (a `+group=option` is a choice).
+    """
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        key = override.key_or_group
+        if key == "hydra" or key.startswith("hydra.") or key in choices or override.is_delete():
+            continue
+        problem = _unread(cfg, key, choices) or (_not_in_schema(cfg, key, choices) if override.is_add() or
+                                                 override.is_force_add() else None)
+        if problem:
+            raise ValueError(problem)
+
+
+def _not_in_schema(cfg: DictConfig, key: str, choices: Mapping[str, Optional[str]]) -> Optional[str]:
+    """Why a key added with `+` is one no run reads (None where the schema leaves room for it): the first part of its
+    path that is not a field of the structured node above it, with the field it looks like."""
+    node, path = cfg, []
+    for part in key.split("."):
+        kind = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+        if not (kind and dataclasses.is_dataclass(kind)):
+            return None  # a dict of user keys (or a value: Hydra refused to go into it already)
+        fields = [f.name for f in dataclasses.fields(kind)]
+        if part not in fields:
+            where = ".".join(path)
+            readers = _readers(where, part, choices) if where else []
+            if readers:
+                return _read_by(f"{where}.{part}", where, readers, choices)
+            close = difflib.get_close_matches(part, fields, n=1)
+            named = ".".join([*path, part])
+            return (f"{named}: no such key" + (f"; did you mean {'.'.join([*path, close[0]])}?" if close else "")
+                    + " (+ adds a key only inside a dict of your own keys: model.overrides, task.chat_kwargs, ...)")
+        node, path = node._get_node(part), [*path, part]
+    return None
+
+
+def _unread(cfg: DictConfig, key: str, choices: Mapping[str, Optional[str]]) -> Optional[str]:
+    """Why a key of a group's base schema is not read by the option chosen (its schema's `unread`), or None."""
+    group, _, rest = key.partition(".")
+    if not rest or group not in schema.SCHEMAS or not isinstance(cfg.get(group), DictConfig):
+        return None
+    leaf = rest.split(".")[0]
+    if leaf not in getattr(OmegaConf.get_type(cfg[group]), "unread", ()):
+        return None
+    return _read_by(f"{group}.{leaf}", group, _readers(group, leaf, choices), choices)
+
+
+def _readers(group: str, leaf: str, choices: Mapping[str, Optional[str]]) -> list[str]:
+    """The options of a group whose schema reads `leaf`: a field of theirs, not in their `unread`."""
+    return [name for name, kind in schema.SCHEMAS.get(group, {}).items()
+            if name != "option" and name != choices.get(group) and leaf in {f.name for f in dataclasses.fields(kind)}
+            and leaf not in getattr(kind, "unread", ())]
+
+
+def _read_by(key: str, group: str, readers: Sequence[str], choices: Mapping[str, Optional[str]]) -> str:
+    chosen = choices.get(group) or "?"
+    read = " or ".join(f"{group}={name}" for name in readers) or "no other option"
+    return f"{key} is read by {read}; this run's {group} is {chosen}"
+
+
+DEMO = "tiny"  # the embedded demo's study (conf/experiment/tiny.yaml)
+
+
+def file_study(cfg: DictConfig, overrides: Sequence[str], choices: Mapping[str, Optional[str]]) -> Optional[str]:
+    """The study a run of the user's own model or data is filed under: never the demo's
+    (docs/design.md#overrides-and-studies).
+
+    With the demo's preset (experiment=tiny, the default), a run with model.path or a data file set drops the demo's
+    notes on what its scale cannot test (they are about the tiny model on its puzzles; notes the command line adds
+    stay) and, without `experiment=` or `name=` on the command line, gets a study named from the model and the task
+    (`Qwen3-1.7B-math`: its MLflow experiment and output folder). The new name (cfg changed in place), or None where
+    the name stays.
+    """
+    if choices.get("experiment") != DEMO:
+        return None
+    model = None if OmegaConf.is_missing(cfg.model, "path") else cfg.model.get("path")
+    if not model and not any(cfg.task.get(key) for key in ("data_path", "val_data_path") if key in cfg.task):
+        return None
+    keys = {override_key(o) for o in overrides}
+    cfg.untestable = {axis: why for axis, why in cfg.untestable.items()
+                      if "untestable" in keys or f"untestable.{axis}" in keys}
+    if keys & {"name", "experiment"}:
+        return None
+    model_name = Path(str(model).rstrip("/")).name if model else str(cfg.model.name)
+    cfg.name = "-".join(re.sub(r"[^A-Za-z0-9._-]+", "-", part).strip("-") for part in (model_name, cfg.task.name))
+    return cfg.name
 
 
 def choice_of(cfg: DictConfig, path: str) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Dict, List, Optional
+from typing import Any, ClassVar, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -155,6 +155,9 @@ class Task:
 
 @dataclass
 class SyntheticTask(Task):
+    # keys of Task it does not read (its problems are made in code): set on the command line with this task, they are
+    # refused, naming the task that reads them (ablate/config.py's check_overrides)
+    unread: ClassVar[tuple[str, ...]] = ("data_path",)
     ops: list[str] = field(default_factory=lambda: ["reverse"])  # reverse | sort | sum | hash (tasks/synthetic.py)
     op_weights: list[float] = field(default_factory=list)  # how often each op is drawn (empty: equally)
     min_digits: int = 3

@@ -1,4 +1,4 @@
-"""The whole dry-run loop on 2 cores: `python -m ablate sweep=loo generator=mock` (the mock brings its own schedule;
+"""The whole mock-run loop on 2 cores: `python -m ablate sweep=loo generator=mock` (the mock brings its own schedule;
 --steps / --val-every override it), which ends with its report, then `python -m analysis report` again on its own.
 
 Prints the wall time of each part, and checks the report against the mock's ground truth (analysis/truth.py): how

@@ -353,7 +353,7 @@ def test_an_adaptive_sweep_stops_a_settled_variant_reports_it_and_is_not_redone(
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     client = tracking.client(f"sqlite:///{tmp_path}/mlflow.db")
     runs = {r.data.tags["ablate.variant"]: r for r in client.search_runs(
-        [client.get_experiment_by_name("tiny-dryrun").experiment_id]) if r.data.tags.get("ablate.role") == "variant"}
+        [client.get_experiment_by_name("tiny-mock").experiment_id]) if r.data.tags.get("ablate.role") == "variant"}
     variant, base = runs["loo-fp32"], runs["scalerl"]
     settled = int(variant.data.tags[SETTLED_TAG])
     assert variant.info.status == "FINISHED" and settled < 40
@@ -412,7 +412,7 @@ def test_a_sweep_taken_to_a_larger_budget_goes_on_in_the_same_runs(tmp_path):
     first = run_cli(*command, "train.steps=8", "sweep.keep_checkpoints=true", cwd=tmp_path)
     assert first.returncode == 0 and "2 to run" in first.stdout, first.stdout[-2000:] + first.stderr[-2000:]
     client = tracking.client(f"sqlite:///{tmp_path}/mlflow.db")
-    exp = client.get_experiment_by_name("tiny-dryrun").experiment_id
+    exp = client.get_experiment_by_name("tiny-mock").experiment_id
 
     def variants():
         return {r.data.tags["ablate.variant"]: r for r in client.search_runs([exp])

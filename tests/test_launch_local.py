@@ -33,7 +33,7 @@ def swept(tmp_path_factory):
 def test_the_sweep_runs_every_variant_into_one_parent(swept):
     folder, _ = swept
     client = tracking.client(f"sqlite:///{folder}/mlflow.db")  # the default database: ./mlflow.db
-    exp = client.get_experiment_by_name("tiny-dryrun")
+    exp = client.get_experiment_by_name("tiny-mock")
     runs = client.search_runs([exp.experiment_id])
     parents = [r for r in runs if r.data.tags.get("ablate.role") == "sweep"]
     children = [r for r in runs if r.data.tags.get("ablate.role") == "variant"]
@@ -91,7 +91,7 @@ def test_running_the_same_sweep_again_submits_nothing(swept):
     assert out.returncode == 0, out.stderr
     assert "0 to run, 9 already FINISHED" in out.stdout
     client = tracking.client(f"sqlite:///{folder}/mlflow.db")
-    runs = client.search_runs([client.get_experiment_by_name("tiny-dryrun").experiment_id])
+    runs = client.search_runs([client.get_experiment_by_name("tiny-mock").experiment_id])
     assert len(runs) == 10  # still one parent and nine children
 
 
@@ -115,7 +115,7 @@ def test_failing_variants_are_reported_and_lose_nothing(tmp_path):
     assert out.returncode == 1
     assert "the simulated job crashes at step 2" in out.stderr  # the end of the failed job's traceback
     client = tracking.client(f"sqlite:///{tmp_path}/mlflow.db")
-    runs = client.search_runs([client.get_experiment_by_name("tiny-dryrun").experiment_id])
+    runs = client.search_runs([client.get_experiment_by_name("tiny-mock").experiment_id])
     by_variant = {r.data.tags["ablate.variant"]: r for r in runs if r.data.tags["ablate.role"] == "variant"}
     parent = next(r for r in runs if r.data.tags["ablate.role"] == "sweep")
     assert parent.info.status == "FAILED"
@@ -154,7 +154,7 @@ def test_ctrl_c_on_a_sweep_says_one_line_keeps_what_ran_and_leaves_no_empty_run(
         time.sleep(1)
         if client is None and list((tmp_path / "outputs").glob("tiny/jobs/loo-*/manifest.json")):
             client = tracking.client(f"sqlite:///{tmp_path}/mlflow.db")  # submitted: the database is made
-        experiment = client.get_experiment_by_name("tiny-dryrun") if client else None
+        experiment = client.get_experiment_by_name("tiny-mock") if client else None
         runs = client.search_runs([experiment.experiment_id]) if experiment else []
         if sum(r.info.status == "RUNNING" and "val/pass_rate" in r.data.metrics for r in runs) == 2:
             break
@@ -169,7 +169,7 @@ def test_ctrl_c_on_a_sweep_says_one_line_keeps_what_ran_and_leaves_no_empty_run(
     assert proc.returncode == 130 and "Traceback" not in err + out, err
     assert err.strip().splitlines()[-1] == ("interrupted: 2 running jobs cancelled; what they logged is kept in "
                                             "MLflow, and the same command runs what did not finish")
-    runs = client.search_runs([client.get_experiment_by_name("tiny-dryrun").experiment_id])
+    runs = client.search_runs([client.get_experiment_by_name("tiny-mock").experiment_id])
     variants = [r for r in runs if r.data.tags.get("ablate.role") == "variant"]
     assert sorted(r.info.status for r in variants) == ["KILLED", "KILLED"]  # the 7 that never started: deleted
     assert all(r.data.metrics["val/pass_rate"] > 0 for r in variants)

@@ -921,7 +921,7 @@ def test_a_rank_that_fails_is_named_in_one_line_and_its_run_is_failed(tmp_path):
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("error: trainer rank 0 failed: RuntimeError: the simulated job crashes at step 2"), last
     client = tracking.client(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("tiny-dryrun").experiment_id])
+    (run,) = client.search_runs([client.get_experiment_by_name("tiny-mock").experiment_id])
     assert run.info.status == "FAILED"
 
 
@@ -939,7 +939,7 @@ def _signalled(folder, signum: int, *overrides: str):
             assert time.monotonic() < deadline, "the run did not start training"
             time.sleep(1.0)
             client = tracking.client(f"sqlite:///{folder / 'mlflow.db'}")
-            exp = client.get_experiment_by_name("tiny-dryrun")
+            exp = client.get_experiment_by_name("tiny-mock")
             runs = [] if exp is None else client.search_runs([exp.experiment_id])
             if runs and client.get_metric_history(runs[0].info.run_id, "loss/policy"):
                 run = runs[0]

@@ -54,7 +54,7 @@ def _wait_until_done(cwd, timeout=300) -> subprocess.CompletedProcess:
     raise AssertionError(f"the sweep did not end in {timeout} s:\n{out.stdout if out else _status(cwd).stdout}")
 
 
-def _client(cwd, experiment="tiny-dryrun"):
+def _client(cwd, experiment="tiny-mock"):
     client = tracking.client(f"sqlite:///{cwd}/mlflow.db")
     return client, client.get_experiment_by_name(experiment).experiment_id
 
@@ -160,7 +160,7 @@ def test_an_adaptive_sweep_decides_in_its_jobs_through_a_server_restart(slurm, t
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         assert time.monotonic() - started < 60 and "2 to run" in out.stdout  # submitted, and gone
         client = tracking.client(uri)
-        exp = client.get_experiment_by_name("tiny-dryrun").experiment_id
+        exp = client.get_experiment_by_name("tiny-mock").experiment_id
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:  # both jobs are logging: restart the server under them
             runs = [r for r in client.search_runs([exp]) if r.data.tags.get("ablate.role") == "variant"]
@@ -214,14 +214,14 @@ def test_a_job_of_trainer_ranks_and_an_engine_process_finishes(slurm, tmp_path):
     status = _wait_until_done(tmp_path, timeout=600)
     assert status.stdout.count(" completed ") == 1, status.stdout + status.stderr
     client = tracking.client(f"sqlite:///{tmp_path}/mlflow.db")
-    exp = client.get_experiment_by_name("tiny").experiment_id  # not the mock's tiny-dryrun
+    exp = client.get_experiment_by_name("tiny").experiment_id  # not the mock's tiny-mock
     (run,) = [r for r in client.search_runs([exp]) if r.data.tags["ablate.role"] == "variant"]
     assert run.info.status == "FINISHED"
     assert run.data.params["trainer.ranks"] == "2" and run.data.params["run.generator_gpus"] == "1"
     assert run.data.metrics["perf/engine_load_s"] > 0 and run.data.metrics["perf/generator_tokens_per_s_per_gpu"] > 0
 
 
-def _histories(cwd, *keys, experiment="tiny-dryrun") -> dict[str, list[tuple[int, float]]]:
+def _histories(cwd, *keys, experiment="tiny-mock") -> dict[str, list[tuple[int, float]]]:
     """The finished variant run's metric histories, (step, value to 6 decimals) in step order."""
     client, exp = _client(cwd, experiment)
     (run,) = [r for r in client.search_runs([exp]) if r.data.tags["ablate.role"] == "variant"]
@@ -294,7 +294,7 @@ def test_a_job_of_two_nodes_with_the_engines_on_the_second_trains_as_a_job_of_on
         status = _wait_until_done(folder, timeout=600)
         assert status.stdout.count(" completed ") == 1, status.stdout + status.stderr
     keys = ("loss/policy", "train/reward_mean", "val/pass_rate", "perf/engine_load_s")
-    alone, spread = (_histories(folder, *keys, experiment="tiny") for folder in layouts)  # not the mock's tiny-dryrun
+    alone, spread = (_histories(folder, *keys, experiment="tiny") for folder in layouts)  # not the mock's tiny-mock
     assert spread.pop("perf/engine_load_s") and alone.pop("perf/engine_load_s")  # the engines loaded the weights
     assert [step for step, _ in spread["loss/policy"]] == list(range(1, 7))
     assert spread == alone

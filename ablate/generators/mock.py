@@ -1,4 +1,4 @@
-"""generator=mock: a simulator for dry runs, not a model.
+"""generator=mock: a simulator for mock runs, not a model.
 
 Each run follows a known ground truth, the sigmoid law of the paper (Eq. 1) in compute C (GPU-hours):
     R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)
