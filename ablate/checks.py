@@ -1,7 +1,10 @@
 """Checks made before any run is created or job submitted, each failing in one line that names the key: a model
 that does not load, stop tokens it does not have, rows longer than its positions, a data file that is not there or
-not as the task reads it, a reference layout the clock cannot use, a trainer layout its option or the job cannot
-hold, a layout whose processes would not fit their GPUs' memory, a SLURM warning at or past the job's time limit."""
+not as the task reads it, a chat template that does not render, a package a chosen option's jobs import that is not
+installed, a reference layout the clock cannot use, a trainer layout its option or the job cannot hold, a layout whose
+processes would not fit their GPUs' memory, a SLURM warning at or past the job's time limit. And what is allowed but
+likely a mistake, warned in one line: a prompt template opening the thinking the chat template opens, a training set
+drawn over and over."""
 
 from __future__ import annotations
 
@@ -45,12 +48,39 @@ def check_model(model: DictConfig) -> None:
         raise ValueError(f"model.path={model.path}: {where}: {reason}") from None
 
 
+def check_imports(cfg: DictConfig, dry_run: bool = False) -> list[str]:
+    """Fail at once, in one line naming the option and how to install what it lacks, when a module a chosen option's
+    jobs import is not installed here (before any run is created or job submitted): an option's class lists them in
+    `requires`, (module, how to install it) pairs (generator=vllm's vLLM); importing the class itself checks our
+    own module. Looked up (importlib.util.find_spec), not imported: the jobs run in this environment, on machines
+    whose GPUs the submitting one may lack (docs/training.md#what-a-job-imports). A dry run, which may be made where
+    the jobs would not run (a laptop planning a sweep), is not refused: the lines are returned as warnings."""
+    import importlib.util
+
+    from hydra.utils import get_object
+
+    said = []
+    for group in cfg:
+        node = cfg.get(group)
+        if not isinstance(node, DictConfig) or not node.get("_target_"):
+            continue
+        for module, install in getattr(get_object(str(node._target_)), "requires", ()):
+            if importlib.util.find_spec(module) is None:
+                line = (f"{group}={node.get('name', node._target_)} needs {module}, which is not installed here (its "
+                        f"jobs would fail as they start): {install}")
+                if not dry_run:
+                    raise ValueError(line)
+                said.append(f"WARNING: {line}; a dry run goes on, a submit would stop here")
+    return said
+
+
 def preflight(cfg: DictConfig, tokenizer=None) -> list[str]:
-    """What a run is made of, checked before any run (each check fails in one line) and printed: the stop tokens, the
-    model's size and positions, the data's splits; the tokenizer (`tokenizer_of`) loaded once for all of them."""
+    """What a run is made of, checked before any run (each check fails in one line) and printed, a line each: the
+    stop tokens, the model's size and positions, the data's splits, the first prompt; and the warnings, each a line
+    starting `WARNING: ` (for stderr). The tokenizer (`tokenizer_of`) loaded once for all of them."""
     tokenizer = tokenizer if tokenizer is not None else tokenizer_of(cfg.model)
-    return [line for line in (check_stops(cfg, tokenizer), check_lengths(cfg, tokenizer), check_task(cfg, tokenizer))
-            if line]
+    found = (check_stops(cfg, tokenizer), check_lengths(cfg, tokenizer), check_task(cfg, tokenizer))
+    return [line for text in found if text for line in text.split("\n")]
 
 
 def tokenizer_of(model: DictConfig):
@@ -122,6 +152,22 @@ def phrase_tokens(cfg: DictConfig, tokenizer=None) -> int:
     return len(tokenizer.encode(phrase, add_special_tokens=False))
 
 
+def _template_errors() -> tuple[type[Exception], ...]:
+    """What a chat template raises as it renders (jinja2's errors, its raise_exception's among them)."""
+    try:
+        from jinja2 import TemplateError
+    except ImportError:  # no jinja2: transformers renders no chat template either
+        return ()
+    return (TemplateError,)
+
+
+TEMPLATE_ERRORS = _template_errors()
+
+
+def _first_line(why: Exception) -> str:
+    return str(why).strip().splitlines()[0] if str(why).strip() else type(why).__name__
+
+
 PROMPT_SHOWN = 600  # characters of the rendered prompt the pre-flight prints
 
 
@@ -137,6 +183,10 @@ def check_task(cfg: DictConfig, tokenizer=None) -> str | None:
     try:
         task = build(cfg.task, tokenizer=tokenizer, seed=cfg.seed,
                      max_prompt_tokens=cfg.generation.max_prompt_tokens)
+        first = task.render(task.problem("train", 0).prompt)
+    except TEMPLATE_ERRORS as why:  # the tokenizer's chat template, rendering a prompt (the task encodes them all)
+        raise ValueError(f"task.chat_template=true: the chat template of model.path={cfg.model.path} does not render "
+                         f"a prompt: {_first_line(why)}") from None
     except (OSError, TypeError, ValueError) as why:
         raise ValueError(str(why).strip().splitlines()[0]) from None
     lines = []
@@ -147,11 +197,71 @@ def check_task(cfg: DictConfig, tokenizer=None) -> str | None:
                      f"training and {task.size('val'):,} validation prompts"
                      + (f"; dropped {', '.join(f'{n:,} {why}' for why, n in dropped.items())}" if dropped else ""))
     if path or cfg.model.path:
-        prompt = task.problem("train", 0).prompt
-        text = task.render(prompt)
+        prompt, text = task.problem("train", 0).prompt, first
         shown = text if len(text) <= PROMPT_SHOWN else text[:PROMPT_SHOWN] + f"... ({len(text) - PROMPT_SHOWN} more)"
         lines.append(f"prompt (the first training one, {len(task.encode_prompt(prompt)):,} tokens): {shown!r}")
+    lines += [line for line in (check_thinking(cfg, task), check_passes(cfg, task)) if line]
     return "\n".join(lines) or None
+
+
+THINK = "<think>"
+
+
+def check_thinking(cfg: DictConfig, task) -> str | None:
+    """A warning (one line) when the prompt opens the thinking inside the user's turn while the chat template opens it
+    in the assistant's: task.chat_template=true with a task.prompt_template holding `<think>` (task=math's default,
+    made for raw prompts), and a chat template that handles thinking itself, opening `<think>` in the assistant's
+    turn (QwQ's, DeepSeek-R1's) or leaving it to the model, or closing it empty (Qwen3's, enable_thinking).
+    Why: docs/training.md#prompts. None otherwise."""
+    template = str(getattr(task, "template", "") or "")
+    if not task.chat_template or THINK not in template:
+        return None
+    opens = thinking_of(task.tokenizer, task.chat_kwargs)
+    if opens is None:
+        return None
+    return (f"WARNING: task.prompt_template holds {THINK}, which task.chat_template=true puts inside the user's turn, "
+            f"while the chat template of model.path={cfg.model.path} {opens}. Give a task.prompt_template without "
+            f"{THINK} (a YAML file: docs/first-run.md)")
+
+
+def thinking_of(tokenizer, chat_kwargs: dict) -> str | None:
+    """How a tokenizer's chat template (with task.chat_kwargs) handles the thinking, in words, or None where it knows
+    nothing of it (no `<think>` nor enable_thinking in it, nothing opened): from what it renders after a user's
+    turn with the assistant's opened, and from the template's own text."""
+    turns = [{"role": "user", "content": "?"}]
+    try:
+        opened, closed = (tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=add,
+                                                        **chat_kwargs) for add in (True, False))
+    except TEMPLATE_ERRORS:  # a template that takes no such turn alone: nothing to say (the prompts rendered)
+        return None
+    after = opened[len(closed):] if opened.startswith(closed) else opened
+    if THINK in after:
+        how = "closes it empty" if "</think>" in after.split(THINK, 1)[1] else "leaves it open for the model"
+        return f"opens {THINK} in the assistant's turn itself (and {how}; task.chat_kwargs={dict(chat_kwargs)})"
+    source = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else str(tokenizer.chat_template)
+    if THINK in source or "enable_thinking" in source:
+        return (f"leaves the thinking to the model, which opens {THINK} in the assistant's turn (the template's "
+                "thinking mode: Qwen3's enable_thinking)")
+    return None
+
+
+PASSES_WARNED = 10  # a run's draws of each training prompt, warned past (docs/training.md#passes-over-the-data)
+
+
+def check_passes(cfg: DictConfig, task) -> str | None:
+    """A warning (one line) when a run would draw each training prompt more than PASSES_WARNED times on average:
+    train.steps x batch.prompts_per_step draws over the task's training prompts, saying where their number comes
+    from (the task's `train_origin`: a file's problems less those held out, a cap) and what gives more. Why the
+    bound: docs/training.md#passes-over-the-data. None under it."""
+    steps, per_step, prompts = int(cfg.train.steps), int(cfg.batch.prompts_per_step), task.size("train")
+    passes = steps * per_step / max(prompts, 1)
+    if passes <= PASSES_WARNED:
+        return None
+    return (f"WARNING: each training prompt would be drawn ~{passes:,.{0 if passes >= 100 else 1}f} times "
+            f"(train.steps={steps} x batch.prompts_per_step={per_step} / {prompts:,} training prompts), more than "
+            f"{PASSES_WARNED}: "
+            f"{task.train_origin()}. Give more problems, hold fewer out, or train fewer steps "
+            "(docs/training.md#passes-over-the-data)")
 
 
 def check_compute(train: DictConfig) -> None:

@@ -12,7 +12,8 @@ def run_variant(config: dict, run_id: str, tracking_uri: str) -> dict:
     from ablate.trainer import train
 
     cfg = OmegaConf.create(config)
-    state = processes.launch(cfg, train, cfg, run_id, tracking_uri)  # the layout's processes; one by default
+    state = processes.launch(cfg, train, cfg, run_id, tracking_uri,  # the layout's processes; one by default
+                             log=processes.launch_log(cfg, run_id))
     if state is None:  # a node of a job of several, without rank 0: the run's result is node 0's
         return {"run_id": run_id}
     return {"run_id": run_id, "step": state.step, "gpu_hours": state.gpu_hours, "diverged": state.diverged}

