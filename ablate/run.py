@@ -20,10 +20,10 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 
 from ablate import tracking
-from ablate.checks import (check_compute, check_memory, check_model, check_run, gpu_memory_gb, preflight,
-                           tokenizer_of)
+from ablate.checks import (check_compute, check_imports, check_memory, check_model, check_run, gpu_memory_gb,
+                           preflight, tokenizer_of)
 from ablate.config import compose, lineage, merge_overrides, override_key, signature
-from ablate.progress import SweepDisplay, StepBar
+from ablate.progress import StepBar, SweepDisplay, hours
 from ablate.rungs import check_settings
 from ablate.sweeps import Variant, replicate
 from analysis.report import SPREAD_TAG
@@ -97,10 +97,11 @@ def run_single(cfg: DictConfig, overrides: Sequence[str]) -> int:
     The same run already FINISHED: nothing to do. Left unfinished with a checkpoint (killed, crashed): resumed.
     """
     (p,) = plan(cfg, overrides)
-    check_model(p.cfg.model)  # before any run is created
+    check_imports(p.cfg)  # before any run is created: what the run will import is here
+    check_model(p.cfg.model)
     tokenizer = tokenizer_of(p.cfg.model)  # once: the pre-flight's and the memory model's (the phrase's tokens)
     for line in preflight(p.cfg, tokenizer):
-        print(line)
+        print_found(line)
     check_compute(p.cfg.train)
     check_run(p.cfg)
     check_memory(p.cfg, gpu_memory_gb(p.cfg, "local"), tokenizer)
@@ -122,13 +123,19 @@ def run_single(cfg: DictConfig, overrides: Sequence[str]) -> int:
     from ablate.trainer import train
 
     config = OmegaConf.create(job_config(p.cfg))
-    state = processes.launch(config, train, config, run_id, uri, progress=StepBar(p.variant.name))
+    state = processes.launch(config, train, config, run_id, uri, progress=StepBar(p.variant.name),
+                             log=processes.launch_log(config, run_id))
     if state.diverged:
         print(f"diverged at step {state.step + 1}: the run is marked ablate.diverged=true and FAILED")
         return 1
-    print(f"done: {state.step} steps, {state.gpu_hours:,.1f} GPU-hours" + (f" ({state.stopped})" if state.stopped
+    print(f"done: {state.step} steps, {hours(state.gpu_hours)} GPU-hours" + (f" ({state.stopped})" if state.stopped
                                                                            else ""))
     return 0
+
+
+def print_found(line: str) -> None:
+    """A line of the pre-flight: what was found on stdout, a warning (`WARNING: ...`) on stderr."""
+    print(line, file=sys.stderr if line.startswith("WARNING: ") else sys.stdout)
 
 
 def check_sweep(cfg: DictConfig) -> None:
@@ -151,6 +158,8 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     sid = sweep_id(cfg, planned)
     print_plan(planned, f"sweep {sid}: {len(planned)} variant{'s' if len(planned) > 1 else ''}"
                + (" (dry run: nothing submitted)" if cfg.sweep.dry_run else ""))
+    for line in dict.fromkeys(line for p in planned for line in check_imports(p.cfg, bool(cfg.sweep.dry_run))):
+        print_found(line)  # before any run is created: what the jobs will import is here (a dry run: warned)
     models = {_model_of(p.cfg): p.cfg.model for p in planned}  # the variants' models, once
     for model in models.values():
         check_model(model)  # before any run is created
@@ -159,7 +168,7 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
                           sort_keys=True): p for p in planned}  # the variants' models, generations and tasks, once
     for line in dict.fromkeys(line for p in made_of.values()
                               for line in preflight(p.cfg, tokenizers[_model_of(p.cfg)])):
-        print(line)
+        print_found(line)
     launcher = OmegaConf.to_container(cfg.launcher, resolve=True, enum_to_str=True)
     requested = str(launcher["cluster"])  # a dry run of launcher=slurm may be made where SLURM is not
     cluster = requested if cfg.sweep.dry_run and requested != "auto" else resolve_cluster(requested)
@@ -496,9 +505,12 @@ def watch(submission: Submission, client) -> list[str]:
     failed: list[str] = []
     for it in submission.todo:
         error = submission.error(it)
-        if error:
+        if error:  # its one line (the traceback's last) first; the traceback in the job's log
             failed.append(it.spec.name)
-            print(f"\n{it.spec.name} failed (job {it.job_id}):\n{error}", file=sys.stderr)
+            lines = [line for line in error.strip().splitlines() if line.strip()] or ["?"]
+            log = getattr(getattr(it.job, "paths", None), "stderr", None)
+            print(f"\n{it.spec.name} failed (job {it.job_id}): {lines[-1].strip()}"
+                  + (f"\n  its traceback: {log}" if log else f"\n{error}"), file=sys.stderr)
     display.update(final=True)
     return failed
 

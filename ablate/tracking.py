@@ -68,6 +68,8 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> str:
 def client(uri: str):
     from mlflow.tracking import MlflowClient
 
+    # a new sqlite store's "Creating initial MLflow database tables..." is MLflow's news, not the user's
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     return MlflowClient(tracking_uri=resolve_uri(uri))
 
 

@@ -17,7 +17,8 @@ GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and not p.name.star
 OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF / g).glob("*.yaml"))]
 AXES = ["loss", "aggregation", "normalization", "precision", "length_control", "off_policy", "filtering"]
 NEEDS = {("model", "hf"): ["model.path=/models/some-8b"],  # options with a required (???) field
-         ("experiment", "paper_8b"): ["model.path=/models/some-8b"]}
+         ("experiment", "paper_8b"): ["model.path=/models/some-8b"],
+         ("experiment", "smoke"): ["model.path=/models/some-8b"]}
 
 
 def test_every_design_axis_is_a_group_with_the_designed_options():
@@ -105,15 +106,15 @@ def test_cli_shows_the_resolved_config(tmp_path):
 
 
 def test_the_mock_brings_its_own_short_schedule_and_experiment():
-    """generator=mock is the dry run by itself: 50 steps, validation at every one, into <name>-dryrun (never beside real
+    """generator=mock is the mock run by itself: 50 steps, validation at every one, into <name>-mock (never beside real
     runs); the command line still decides; other generators keep the experiment's own."""
     mock, real = compose(["generator=mock"]), compose([])
-    assert (mock.train.steps, mock.train.val_every, mock.tracking.experiment) == (50, 1, "tiny-dryrun")
+    assert (mock.train.steps, mock.train.val_every, mock.tracking.experiment) == (50, 1, "tiny-mock")
     assert (mock.batch.prompts_per_step, real.batch.prompts_per_step) == (4, 24)
     assert (real.train.steps, real.tracking.experiment) == (350, "tiny")
     assert compose(["generator=mock", "train.steps=7"]).train.steps == 7
     paper = compose(["experiment=paper_8b", "model.path=/m", "generator=mock"])
-    assert (paper.train.steps, paper.tracking.experiment) == (50, "paper_8b-dryrun")
+    assert (paper.train.steps, paper.tracking.experiment) == (50, "paper_8b-mock")
 
 
 def test_a_model_path_that_does_not_load_fails_in_one_line_before_any_run(tmp_path):
