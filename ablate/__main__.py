@@ -56,7 +56,7 @@ everyday commands:
   python -m ablate sweep=loo                     ScaleRL + one variant per reverted axis, as one job array, then
                                                  its report (outputs/<name>/reports/)
   python -m ablate sweep=loo sweep.dry_run=true  the dry run: the variants and the pre-flight; submits nothing
-  python -m ablate sweep=loo generator=mock      the mock run: a simulator with a known truth, in seconds
+  python -m ablate sweep=loo generator=mock      the mock run: a simulator with a known truth, ~30 s
   python -m ablate --cfg job                     the resolved config, and nothing else
   python -m analysis report --experiment NAME    fit, rank and report a study's runs
   python -m launch status                        the jobs of the last sweep
