@@ -1,7 +1,8 @@
 """docs/first-run.md runs what it shows: its task file and its `RUN` variable, with the page's paths pointed at a
 Qwen3-1.7B-shaped folder (the real Qwen3 vocabulary and chat template, no weights) and a Polaris-shaped file of
 1,500 problems made here, as the page's output was made; step 3's command prints the page's lines for the prompt,
-the data, the stop tokens and the passes warning. The smoke run (step 4) trains, so it is in the e2e lane."""
+the data, the stop tokens and the passes warning; step 4's smoke run trains. The e2e lane: the page's commands end to
+end (docs/testing.md#markers)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from conftest import run_main
 from real_models import save_model
 
+pytestmark = pytest.mark.e2e
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "first-run.md"
 MODEL, DATA = "/models/Qwen3-1.7B", "/data/polaris.jsonl"
 
@@ -70,7 +72,6 @@ def test_step_3_prints_the_pages_prompt_data_stop_tokens_and_passes_warning(here
     assert warned.removesuffix(" ...") in printed
 
 
-@pytest.mark.e2e
 def test_step_4_the_smoke_run_trains_two_steps_into_its_own_experiment(here):
     """The page's smoke run on a 2-layer Qwen3-shaped folder with random weights (the page's folder is cut to 2 layers
     by its command; this one has 2): two steps, a validation, a run in MLflow's 'smoke' experiment."""

@@ -204,6 +204,7 @@ def _fails(groups) -> None:
     raise ValueError("the run's own error")
 
 
+@pytest.mark.e2e  # two torchelastic ranks: the process boundary (docs/testing.md#markers)
 def test_a_failed_rank_is_one_line_and_its_traceback_goes_to_the_log(tmp_path, capfd):
     """Two trainer ranks (gloo), rank 0 raising: before, torchelastic's logger put the rank's traceback on stderr
     (45 lines, each prefixed), then the one line. Now the one line names the log, which holds the traceback, and
