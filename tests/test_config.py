@@ -117,6 +117,7 @@ def test_the_mock_brings_its_own_short_schedule_and_experiment():
     assert (paper.train.steps, paper.tracking.experiment) == (50, "paper_8b-mock")
 
 
+@pytest.mark.e2e  # a process of its own (HF_HUB_OFFLINE is read at import): 13-21 s (docs/testing.md#markers)
 def test_a_model_path_that_does_not_load_fails_in_one_line_before_any_run(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "broken").mkdir()
@@ -302,6 +303,7 @@ def test_a_data_file_that_is_missing_misshapen_or_short_fails_before_any_run_in_
     assert not list(tmp_path.glob("mlflow.db*"))
 
 
+@pytest.mark.e2e  # paper-preset dry runs on a real vocabulary: 14-18 s (docs/testing.md#markers)
 def test_a_layout_that_does_not_fit_its_gpus_fails_in_the_dry_run_naming_the_gb(llama_8b, tmp_path, capsys):
     """The paper's 8B model in one process on one GPU (fp32 masters, AdamW and gradients: 128 GB) fails in
     sweep.dry_run, before anything is created, in one line: its parts summed against the memory, and the part that
@@ -350,6 +352,7 @@ def test_a_layout_that_does_not_fit_its_gpus_fails_in_the_dry_run_naming_the_gb(
     assert "WARNING: launcher.signal_delay_s=300 is shorter than that" in said.err and "(sized: 1200)" in said.err
 
 
+@pytest.mark.e2e  # paper-preset dry runs on a real vocabulary: 14-18 s (docs/testing.md#markers)
 def test_validation_is_in_the_memory_check_where_our_engine_decodes_it(llama_8b, tmp_path, capsys):
     """loo-8op (PPO-off-policy-8) waits for a round's first step to validate on vLLM, but its last step cannot
     wait: at 1,604 steps it falls mid-round and is validated with our torch engine on each engine process's staging
@@ -385,6 +388,7 @@ def test_validation_is_in_the_memory_check_where_our_engine_decodes_it(llama_8b,
            f"cache (our engine; generator.val_wave_rows) 17.2, staging copy of the weights 16.1, {outside}" in printed
 
 
+@pytest.mark.e2e  # paper-preset dry runs on a real vocabulary: 14-18 s (docs/testing.md#markers)
 def test_a_warning_at_or_past_the_time_limit_is_refused_before_submit(llama_8b, tmp_path, capsys):
     """SLURM warns a job launcher.signal_delay_s before its time limit; at or past the limit it warns the job as it
     starts, and the job checkpoints and requeues itself with no step trained, for ever (submitit counts each stop as
