@@ -482,7 +482,27 @@ def terminal_text(report) -> str:
     total = adaptive_total(report)
     if total:
         lines += _wrap(total)
+    lines += [wrapped for line in stopped_lines(report) for wrapped in _wrap(line, "- ")]
     return "\n".join(lines)
+
+
+def stopped_lines(report) -> list[str]:
+    """An adaptive sweep's runs that stopped early or were taken on later, a line each in the report's order, with
+    the cut of the base their verdict compared them with: "loo-fp32: moves A (stopped at step 20 of 40, 8,000 GPU-h
+    saved; vs scalerl cut at 8,000 GPU-h)", "loo-fp32: moves A (extended from step 20; vs scalerl cut at ...)"."""
+    lines = []
+    for row in ordered_rows(report):
+        tags = row.curves[0].tags if row.decisions else {}
+        stop = stopped_at(tags) if row.decisions else None
+        if stop is not None:
+            said = f"stopped at step {stop.step} of {stop.steps}, {fmt_compute(gpu_hours_saved(stop))} GPU-h saved"
+        elif EXTENDED_TAG in tags:
+            said = f"extended from step {tags[EXTENDED_TAG]}"
+        else:
+            continue
+        cut = f"; vs {BASELINE} cut at {fmt_compute(row.compared_to)} GPU-h" if row.compared_to is not None else ""
+        lines.append(f"{row.label}: {row.verdict.label} ({said}{cut})")
+    return lines
 
 
 # --- report.md and report.html -----------------------------------------------------------------------------------
