@@ -385,7 +385,8 @@ def _finished_run(folder, overrides: list[str]):
     out = run_cli("-m", "ablate", *overrides, cwd=folder, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     client = tracking.client(f"sqlite:///{folder / 'mlflow.db'}")
-    (found,) = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+    # the one run: in "tiny", or in the study of a model.path of its own (docs/design.md#overrides-and-studies)
+    (found,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert found.info.status == "FINISHED"
     return found, {key: [(m.step, m.value) for m in sorted(client.get_metric_history(found.info.run_id, key),
                                                            key=lambda m: m.step)]
