@@ -1,12 +1,20 @@
-"""python -m analysis report --experiment NAME [--tracking-uri URI] [--out DIR] [--sweep ID] [--c-min GPU_HOURS]
+"""python -m analysis report --experiment NAME [--tracking-uri URI] [--out DIR] [--sweep ID] [--c-min C] [MAPPING]
+python -m analysis report --csv FILE [--out DIR] [--c-min C] [MAPPING]
 python -m analysis fit --json FILE [--method fast|paper] [--extrapolate FRACTION]
 
-report: fit, rank and report the variant runs of one sweep of an MLflow experiment (markdown, HTML, fits.csv, PNG
-plots), and attach the files to the sweep's parent run. The sweep is the experiment's latest unless --sweep names
-one (--sweep all: every sweep); runs launched alone (`python -m ablate`, tagged sweep none) are taken only where
-there is no sweep, and the sweeps not reported are named. Runs of different models, tasks or generators are refused,
-naming the difference; runs that failed or stopped short of their configured steps are named and get no verdict; a
-run with no fit says why (too few points: --c-min, the compute below which points are left out, keeps more).
+report: fit, rank and report the variants of one study (markdown, HTML, fits.csv, PNG plots). Runs `ablate` logged
+are read by their tags: the sweep is the experiment's latest unless --sweep names one (--sweep all: every sweep);
+runs launched alone (`python -m ablate`, tagged sweep none) are taken only where there is no sweep, and the sweeps
+not reported are named; the files are attached to the sweep's parent run. Runs of different models, tasks or
+generators are refused, naming the difference; runs that failed or stopped short of their configured steps are
+named and get no verdict; a run with no fit says why (too few points: --c-min, the compute below which points are
+left out, keeps more).
+Another trainer's runs (TRL, verl, any MLflow experiment; or curves in a file: CSV, Parquet, JSON Lines, in long
+form or as W&B's chart export) are read by a mapping, MAPPING: --reward METRIC (a name or a pattern), --compute
+(step, step*GPU_HOURS_PER_STEP, wall*GPUS, a metric's name), --variant (tag:NAME, param:NAME, name:REGEX), --base
+VARIANT, --r0 REWARD, or --mapping FILE.yaml with those keys. What is left unsaid is inferred where the runs make it
+unambiguous and printed, else refused naming the flag. The files are attached to a new run of the experiment
+(tagged analysis.role=report); the runs read are left as they were. docs/bring-your-own-runs.md.
 fit: fit one curve. FILE (or - for stdin) holds {"compute": [...], "reward": [...]} and optionally "r0" (the
 pre-RL pass rate; default: the reward at compute 0), "c_min" (points below it are left out; default 1.5/16 of
 the largest compute, the paper's cut of its first 1.5k of 16k GPU-hours; 0 keeps every point after compute 0;
@@ -14,7 +22,7 @@ at least 5 points must remain), "runs" (one label per point, for several seeds);
 is printed as JSON.
 
 Exit codes: 0 ok; 1 the curve could not be fitted (fit: the JSON says why); 2 bad input (unknown experiment, no
-runs, tracking store unreachable, unreadable JSON), one line on stderr.
+runs, tracking store unreachable, unreadable file, a mapping that does not fit the runs), one line on stderr.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,7 +38,11 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     report = commands.add_parser("report", help="fit, rank and report the variant runs of an MLflow experiment")
-    report.add_argument("--experiment", required=True, help="MLflow experiment name (one study)")
+    source = report.add_mutually_exclusive_group(required=True)
+    source.add_argument("--experiment", help="MLflow experiment name (one study; any trainer's runs)")
+    source.add_argument("--csv", "--file", dest="file", metavar="FILE",
+                        help="a file of curves: .csv, .parquet or .jsonl, in long form (run, variant, step or "
+                             "compute, reward) or W&B's chart export (Step, '<run> - <metric>')")
     report.add_argument("--tracking-uri", default=None,
                         help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     report.add_argument("--out", default=None, help="output directory (default: reports/<experiment>)")
@@ -39,6 +52,20 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--c-min", type=float, default=None, metavar="GPU_HOURS",
                         help="leave out the points below this compute in every fit (default: 1.5/16 of each run's "
                              "largest, the paper's cut; 0 keeps every point after compute 0)")
+    mapping = report.add_argument_group("mapping another trainer's runs (each inferred where unambiguous, and printed)")
+    mapping.add_argument("--reward", metavar="METRIC",
+                         help="the validation reward: a metric's name or a pattern (eval_reward, 'val-core/*/reward/*')")
+    mapping.add_argument("--compute", metavar="HOW",
+                         help="step (the step count), step*X (X GPU-hours a step), wall*G (wall-clock hours since the "
+                              "run started x G GPUs), METRIC (a cumulative metric) or METRIC*X")
+    mapping.add_argument("--variant", metavar="HOW",
+                         help="which runs are which variant: tag:NAME, param:NAME or name:REGEX (its first group); "
+                              "runs of one variant are its seeds (default: run names without a seed suffix)")
+    mapping.add_argument("--base", metavar="VARIANT", help="the variant every verdict compares with")
+    mapping.add_argument("--r0", type=float, metavar="REWARD",
+                         help="the reward before training (the law's R0), for runs that logged none at step 0")
+    mapping.add_argument("--mapping", metavar="FILE", help="a YAML file with keys reward, compute, variant, base, r0 "
+                                                           "(flags win over it)")
     fit = commands.add_parser("fit", help="fit one curve given as JSON; print the fit with its intervals")
     fit.add_argument("--json", required=True, dest="path",
                      help='file with {"compute": [...], "reward": [...]}, optional "r0", "c_min" (default 1.5/16 of '
@@ -54,7 +81,6 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "fit":
         return _fit(args)
-    from analysis.report import make_report
     from analysis.runs import AnalysisError
 
     if args.c_min is not None and not args.c_min >= 0:
@@ -62,11 +88,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.c_min}", file=sys.stderr)
         return 2
     try:
-        report = make_report(args.experiment, tracking_uri=args.tracking_uri, out_dir=args.out, sweep=args.sweep,
-                             c_min=args.c_min)
+        report = _report(args)
     except AnalysisError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if report.mapping:
+        print(f"Read {report.source}:")
+        print("\n".join(f"  {line}" for line in report.mapping), end="\n\n")
     print(report.table_md)
     print()
     tables = (report.markdown, report.csv, report.variants_csv)
@@ -78,6 +106,41 @@ def main(argv: list[str] | None = None) -> int:
     if report.artifact_error:
         print(f"warning: {report.artifact_error}", file=sys.stderr)
     return 0
+
+
+MAPPING_FLAGS = ("reward", "compute", "variant", "base", "r0")
+
+
+def _report(args):
+    """The report the arguments ask for: ablate's sweep, or another trainer's runs read by a mapping (a file of
+    curves; an experiment with no run of ablate's, or any experiment where a mapping flag is given)."""
+    from analysis.mapping import Mapping, MappingError
+    from analysis.report import make_report, report_other_runs
+    from analysis.runs import resolve_tracking_uri, sweeps_of
+
+    said = Mapping(**{key: getattr(args, key) for key in MAPPING_FLAGS})
+    if args.mapping:
+        said = said.over(Mapping.from_file(args.mapping))
+    mapped = args.mapping is not None or any(getattr(args, key) is not None for key in MAPPING_FLAGS)
+    if args.file is not None:
+        from analysis.tables import read_table
+
+        if args.sweep is not None:
+            raise MappingError("--sweep picks among ablate's sweeps in an MLflow experiment; a file has none")
+        return report_other_runs(read_table(args.file), said, title=Path(args.file).stem,
+                                 source=f"curves of {args.file}", out_dir=args.out, c_min=args.c_min,
+                                 from_file=True)
+    uri = resolve_tracking_uri(args.tracking_uri)
+    if not mapped and sweeps_of(args.experiment, uri):
+        return make_report(args.experiment, tracking_uri=uri, out_dir=args.out, sweep=args.sweep, c_min=args.c_min)
+    if args.sweep is not None:
+        raise MappingError("--sweep picks among ablate's sweeps; with a mapping (or runs ablate did not log), "
+                           "--variant selects the runs")
+    from analysis.sources import mlflow_runs
+
+    return report_other_runs(mlflow_runs(args.experiment, uri), said, title=args.experiment,
+                             source=f"MLflow experiment {args.experiment} at {uri}", out_dir=args.out,
+                             c_min=args.c_min, attach=(uri, args.experiment))
 
 
 def _fit(args) -> int:

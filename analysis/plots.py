@@ -49,6 +49,9 @@ def compute_unit(top: float) -> tuple[str, float]:
 
 
 def _unit_of(curves: Sequence[RunCurve]) -> tuple[str, float]:
+    """GPU-hours in the unit that shows them (compute_unit); another unit (another trainer's steps) as it is."""
+    if curves and curves[0].unit != UNITS[0][0]:
+        return curves[0].unit, 1.0
     return compute_unit(max((float(c.compute.max()) for c in curves if c.compute.size), default=1.0))
 
 

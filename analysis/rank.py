@@ -269,6 +269,7 @@ class Efficiency:
     moved: bool
     resolution: float
     claim: Claim | None = None  # ln(C* / C*_base), the claim the two were compared by
+    unit: str = "GPU-h"  # what compute counts, as the detail says it
 
     @property
     def ratio(self) -> float:
@@ -284,7 +285,7 @@ class Efficiency:
     def detail(self) -> str:
         (lo, hi), (b_lo, b_hi) = self.ci
         spans = (f"{fmt_compute(self.C[0])} [{fmt_compute(lo)}, {fmt_compute(hi)}] vs {fmt_compute(self.C[1])} "
-                 f"[{fmt_compute(b_lo)}, {fmt_compute(b_hi)}] GPU-h")
+                 f"[{fmt_compute(b_lo)}, {fmt_compute(b_hi)}] {self.unit}")
         z = f"z = {self.claim.z:+.2f}{' >= ' if self.moved else ' < '}{self.claim.c:.2f}" if self.claim else ""
         return f"compute to reach R = {self.R_star:.3f}: {self.ratio:.2f}x ({spans}, {z or 'no claim'})"
 
@@ -398,15 +399,17 @@ class Verdict:
 
 def verdict(fit: SigmoidFit, base: SigmoidFit | None, *,
             common: Callable[[], "CommonAFit"] | None = None,  # noqa: F821
-            bounds: dict[str, float] | None = None, locked: Collection[str] = ()) -> Verdict:
-    """The variant's verdict against the base recipe's fit; common() refits (variant, base) with a shared A.
+            bounds: dict[str, float] | None = None, locked: Collection[str] = (), base_name: str = BASELINE,
+            unit: str = "GPU-h") -> Verdict:
+    """The variant's verdict against the base recipe's fit; common() refits (variant, base) with a shared A. The
+    details name the base `base_name` and compute in `unit`.
 
     Each claim (A, B, compute) is a z-test held to its critical value in `bounds` (CRITICAL for a claim not there:
     one look); a claim in `locked` was made at an earlier look of an adaptive sweep and stays made."""
     if not fit.ok:
         return Verdict("no fit", detail=fit.status)
     if base is None or not base.ok:
-        return Verdict("no base", detail="no fitted base recipe (scalerl) to compare with")
+        return Verdict("no base", detail=f"no fitted base recipe ({base_name}) to compare with")
     bound = {name: CRITICAL for name in CLAIMS} | dict(bounds or {})
     dA = fit.A - base.A
     identified = fit.A_identified and base.A_identified  # no claim on A before both curves show their ceiling
@@ -422,6 +425,7 @@ def verdict(fit: SigmoidFit, base: SigmoidFit | None, *,
     b_claim = claim(mine.B, mine.ci["B"], theirs.B, theirs.ci["B"], c=bound["B"])
     b_moved = b_claim.moved or "B" in locked
     compute = efficiency(fit, base, c=bound["compute"])
+    compute = replace(compute, unit=unit) if compute is not None else None
     c_moved = not a_moved and not b_moved and compute is not None and (compute.moved or "compute" in locked)
     label = (BOTH if a_moved and b_moved else MOVES_A if a_moved else MOVES_B if b_moved else MOVES_C if c_moved
              else NO_CHANGE if identified else A_NOT_IDENTIFIED)
@@ -430,7 +434,7 @@ def verdict(fit: SigmoidFit, base: SigmoidFit | None, *,
     v = Verdict(label, dA=dA, dB=dB, b_basis=basis, common_A=joint.A if joint is not None else None,
                 B=(mine.B, theirs.B), small=small, resolution=(a_claim.resolution, b_claim.resolution),
                 compute=compute, A_identified=identified, claims=claims)
-    a_detail = _a_detail(fit, base, a_claim, a_moved, small) if identified else _unidentified(fit, base)
+    a_detail = _a_detail(fit, base, a_claim, a_moved, small) if identified else _unidentified(fit, base, unit)
     detail = f"{a_detail}; {_b_detail(mine, theirs, b_claim, b_moved, v, why)}"
     return replace(v, detail=detail + (f"; {compute.detail}" if compute is not None else ""))
 
@@ -464,8 +468,8 @@ def _a_detail(fit: SigmoidFit, base: SigmoidFit, a: Claim, moved: bool, small: b
     return f"A {side} by {abs(fit.A - base.A):.3f} ({spans}, {_z_text(a, True)}){tail}"
 
 
-def _unidentified(fit: SigmoidFit, base: SigmoidFit) -> str:
-    short = [f"{name}'s data stop at {fmt_compute(f.c_max)} GPU-h, before its C_mid {fmt_compute(f.C_mid)}"
+def _unidentified(fit: SigmoidFit, base: SigmoidFit, unit: str = "GPU-h") -> str:
+    short = [f"{name}'s data stop at {fmt_compute(f.c_max)} {unit}, before its C_mid {fmt_compute(f.C_mid)}"
              for name, f in (("the variant", fit), ("the base", base)) if not f.A_identified]
     return f"{A_NOT_IDENTIFIED}: {' and '.join(short)} (A {fit.A:.3f} vs {base.A:.3f}, extrapolated: no claim on A)"
 

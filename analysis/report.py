@@ -41,6 +41,8 @@ from analysis.runs import (
     resolve_tracking_uri,
     sweeps_of,
 )
+from analysis.mapping import Mapping, Resolved, curves as curves_of, resolve
+from analysis.sources import REPORT_ROLE, REPORT_ROLE_TAG, SourceRun
 from analysis.synthetic import Truth
 from analysis.text import html_page, markdown_page, order_rows, terminal_text
 from analysis.truth import Expected, expected, recipe_truth, run_truth
@@ -169,7 +171,16 @@ class Report:
     spread: Spread = field(default_factory=Spread)  # the between-run spread the recipe-level verdicts use
     others: tuple = ()  # the experiment's other sweeps (runs.SweepSeen), not reported
     picked: bool = False  # the sweep was picked by default (runs.pick_sweep), not named
-    c_min: float | None = None  # the fits' cut, GPU-hours (None: 1.5/16 of each run's largest compute)
+    c_min: float | None = None  # the fits' cut, in compute's unit (None: 1.5/16 of each run's largest compute)
+    base_name: str = BASELINE  # the variant every verdict compares with
+    unit: str = "GPU-hours"  # what compute counts (another trainer's runs may count steps, or tokens)
+    source: str = ""  # where another trainer's runs came from ("MLflow experiment grpo at sqlite:///mlflow.db")
+    mapping: tuple[str, ...] = ()  # how another trainer's runs were read: each choice inferred, each warning
+
+    @property
+    def unit_short(self) -> str:
+        """The unit as a column header says it: "GPU-h", or the unit itself."""
+        return "GPU-h" if self.unit == "GPU-hours" else self.unit
 
     @property
     def variants_csv(self) -> Path:
@@ -247,51 +258,11 @@ def make_report(
         where += " among the given run ids" if run_ids is not None else ""
         raise NoRuns(f"no variant runs in experiment {experiment!r}{where}")
     check_comparable(curves)
-    out = Path(out_dir) if out_dir is not None else Path("reports") / _safe(experiment)
-    out.mkdir(parents=True, exist_ok=True)
-
     parent = _parent_run(curves, experiment, uri, sweep)
-    prior = spread if spread is not None else _spread_prior(uri, parent)
-    rows, used = variant_rows(curves, out, prior=prior, with_spread=True, c_min=c_min)
-    base = next((row for row in rows if row.verdict.label == "base"), None)
-    for row in rows:
-        title = f"{row.label} ({_seeds(row)}, {row.run_status})"
-        stop = stopped_at(row.curves[0].tags)
-        plot_variant(row.curves, row.fit, row.plot, title, extrap=row.extrapolation,
-                     forecast=stop.band if stop is not None else None)
-    shown = order_rows(rows)  # the order of the report's tables (the base first, then by the claim)
-    verdicts = {row.label: row.verdict.text for row in rows}
-    overview = plot_overview([(row.label, row.curves, row.fit) for row in shown], out / "overview.png",
-                             base=base.label if base else None, verdicts=verdicts)
-    params_plot = plot_params([(row.label, row.fit, row.ranked.b_fit) for row in shown],
-                              base.label if base else None, out / "params.png", A_TIE, verdicts=verdicts)
-    linear_items = [(row.label, row.curves, row.ranked.b_fit or row.fit, row.B_label) for row in rows]
-    linearized = plot_linearized(linear_items, out / "linearized.png")
-
-    report = Report(
-        experiment=experiment,
-        sweep=sweep if run_ids is None else None,
-        rows=rows,
-        out_dir=out,
-        csv=_write_run_csv(rows, out / "fits.csv", c_min),
-        markdown=out / "report.md",
-        html=out / "report.html",
-        overview=overview,
-        plots=[row.plot for row in rows],
-        params_plot=params_plot,
-        linearized=linearized,
-        base=base.label if base else None,
-        sweeps=tuple(sorted({c.sweep for c in curves})),
-        spread=used,
-        others=tuple(s for s in seen if s.id != sweep),
-        picked=picked,
-        c_min=c_min,
-    )
-    report.table_md = terminal_text(report)
-    _write_csv(rows, report.variants_csv, used)
-    report.markdown.write_text(markdown_page(report))
-    report.html.write_text(html_page(report))
-
+    report = report_curves(
+        curves, experiment, out_dir, prior=spread if spread is not None else _spread_prior(uri, parent),
+        c_min=c_min, sweep=sweep if run_ids is None else None, others=tuple(s for s in seen if s.id != sweep),
+        picked=picked)
     if parent is not None:
         try:
             _attach(uri, parent, report.paths)
@@ -301,15 +272,93 @@ def make_report(
     return report
 
 
+def report_other_runs(runs: list[SourceRun], mapping: Mapping = Mapping(), *, title: str, source: str,
+                      out_dir=None, c_min: float | None = None, attach: tuple[str, str] | None = None,
+                      from_file: bool = False) -> Report:
+    """The report of another trainer's runs (an MLflow experiment of any trainer, a file of curves): `mapping`
+    resolved against `runs` (analysis/mapping.py: what it infers is said in Report.mapping), then the same fits,
+    ranks, verdicts and files as a sweep's. `attach`: (tracking URI, experiment) of an MLflow source, where a new
+    run tagged analysis.role=report holds the files (the user's runs are never changed); None for a file
+    (`from_file`: its column `reward` is the reward).
+
+    Raises analysis.runs.AnalysisError subclasses (MappingError: a mapping that does not fit the runs)."""
+    resolved = resolve(runs, mapping, source, from_file=from_file)
+    found = curves_of(runs, resolved)
+    report = report_curves(found, title, out_dir, c_min=c_min, base=resolved.base, source=source,
+                           mapping=tuple([*resolved.said, *(f"warning: {w}" for w in resolved.warned)]))
+    if attach is not None:
+        uri, experiment = attach
+        try:
+            report.artifact_run_id = _attach_new_run(uri, experiment, report, resolved)
+        except Exception as err:  # the local files are written; a store we cannot write to is not fatal
+            report.artifact_error = f"could not attach the report to a new run of {experiment}: {err}"
+    return report
+
+
+def report_curves(curves: list[RunCurve], title: str, out_dir=None, *, prior: Spread = Spread(),
+                  c_min: float | None = None, base: str | None = BASELINE, sweep: str | None = None,
+                  others: tuple = (), picked: bool = False, source: str = "", mapping: tuple[str, ...] = ()) -> Report:
+    """Fit, rank and judge `curves` against the variant `base`, and write the report's files to out_dir (default
+    reports/<title>): the pipeline after the runs are read, whoever logged them."""
+    out = Path(out_dir) if out_dir is not None else Path("reports") / _safe(title)
+    out.mkdir(parents=True, exist_ok=True)
+    unit = curves[0].unit if curves else "GPU-hours"
+    base_name = base if base is not None else BASELINE
+    rows, used = variant_rows(curves, out, prior=prior, with_spread=True, c_min=c_min, base=base_name)
+    base_row = next((row for row in rows if row.verdict.label == "base"), None)
+    for row in rows:
+        title_of = f"{row.label} ({_seeds(row)}, {row.run_status})"
+        stop = stopped_at(row.curves[0].tags)
+        plot_variant(row.curves, row.fit, row.plot, title_of, extrap=row.extrapolation,
+                     forecast=stop.band if stop is not None else None)
+    shown = order_rows(rows)  # the order of the report's tables (the base first, then by the claim)
+    verdicts = {row.label: row.verdict.text for row in rows}
+    overview = plot_overview([(row.label, row.curves, row.fit) for row in shown], out / "overview.png",
+                             base=base_row.label if base_row else None, verdicts=verdicts)
+    params_plot = plot_params([(row.label, row.fit, row.ranked.b_fit) for row in shown],
+                              base_row.label if base_row else None, out / "params.png", A_TIE, verdicts=verdicts)
+    linear_items = [(row.label, row.curves, row.ranked.b_fit or row.fit, row.B_label) for row in rows]
+    linearized = plot_linearized(linear_items, out / "linearized.png")
+
+    report = Report(
+        experiment=title,
+        sweep=sweep,
+        rows=rows,
+        out_dir=out,
+        csv=_write_run_csv(rows, out / "fits.csv", c_min),
+        markdown=out / "report.md",
+        html=out / "report.html",
+        overview=overview,
+        plots=[row.plot for row in rows],
+        params_plot=params_plot,
+        linearized=linearized,
+        base=base_row.label if base_row else None,
+        sweeps=tuple(sorted({c.sweep for c in curves})),
+        spread=used,
+        others=others,
+        picked=picked,
+        c_min=c_min,
+        base_name=base_name,
+        unit=unit,
+        source=source,
+        mapping=mapping,
+    )
+    report.table_md = terminal_text(report)
+    _write_csv(rows, report.variants_csv, used)
+    report.markdown.write_text(markdown_page(report))
+    report.html.write_text(html_page(report))
+    return report
+
+
 # --- rows: fits, ranking, verdicts, truth ------------------------------------------------------------------------
 
 
 def variant_rows(curves: list[RunCurve], out: Path = Path("."), *, prior: Spread = Spread(),
-                 with_spread: bool = False, c_min: float | None = None):
+                 with_spread: bool = False, c_min: float | None = None, base: str = BASELINE):
     """Complete runs: grouped into variants, fitted, ranked, judged against the base (these runs, and the recipes
     with the spread between runs that the seeds and `prior` give); then incomplete runs, grouped and fitted, with no
     rank and no verdict; every fit leaves out the points below `c_min` (None: the paper's cut, 1.5/16 of each
-    run's largest compute). A variant of an adaptive sweep is judged by the rule's own test where it stopped (or at its
+    run's largest compute); `base` names the variant they are judged against. A variant of an adaptive sweep is judged by the rule's own test where it stopped (or at its
     full budget), beside the base cut at its compute. Returns the rows (and the spread used, with_spread)."""
     complete = group_seeds([c for c in curves if not c.incomplete])
     incomplete = group_seeds([c for c in curves if c.incomplete])
@@ -332,7 +381,8 @@ def variant_rows(curves: list[RunCurve], out: Path = Path("."), *, prior: Spread
     n = len(complete)
     ranked = rank_fits(list(zip(labels[:n], fits[:n])), common=common)
     ranked += [Ranked(rank=None, name=labels[i], fit=fits[i], index=i) for i in range(n, len(groups))]
-    base_i = _base_index(complete, fits)
+    base_i = _base_index(complete, fits, base)
+    unit = "GPU-h" if not curves or curves[0].unit == "GPU-hours" else curves[0].unit
     cut_bases: dict[float, object] = {}
     rows = []
     for r in ranked:
@@ -357,7 +407,7 @@ def variant_rows(curves: list[RunCurve], out: Path = Path("."), *, prior: Spread
 
         bounds, locked = (rule.bounds, rule.locked) if rule is not None else (None, ())
         v = _verdict(i, base_i, fits[i], base_fit, pair_common, why,
-                     next((c.untestable for c in group if c.untestable), ""), bounds, locked)
+                     next((c.untestable for c in group if c.untestable), ""), bounds, locked, base, unit)
         recipe = (recipe_verdict(v, fits[i], base_fit, seed_fits[i], base_seeds, used,
                                  bound=rule.recipe_bound if rule is not None else None)
                   if base_fit is not None and v.label in (*CATEGORIES, A_NOT_IDENTIFIED) else None)
@@ -394,16 +444,17 @@ def _fit_of(state) -> SigmoidFit:
 
 
 def _verdict(i: int, base_i: int | None, fit: SigmoidFit, base_fit: SigmoidFit | None, common, why_incomplete: str,
-             untestable: str, bounds=None, locked=()) -> Verdict:
+             untestable: str, bounds=None, locked=(), base: str = BASELINE, unit: str = "GPU-h") -> Verdict:
     if why_incomplete:
         return Verdict("no verdict", detail=f"incomplete: {why_incomplete}")
     if untestable and i != base_i:
         return Verdict(NOT_TESTABLE, detail=untestable)
     if base_i is None:
-        return verdict(fit, None)
+        return verdict(fit, None, base_name=base)
     if i == base_i:
-        return Verdict("base", dA=0.0, dB=0.0, detail="the base recipe") if fit.ok else verdict(fit, None)
-    return verdict(fit, base_fit, common=common, bounds=bounds, locked=locked)
+        return Verdict("base", dA=0.0, dB=0.0, detail="the base recipe") if fit.ok else verdict(fit, None,
+                                                                                               base_name=base)
+    return verdict(fit, base_fit, common=common, bounds=bounds, locked=locked, base_name=base, unit=unit)
 
 
 def _pooled(group: list[RunCurve]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -438,10 +489,10 @@ def _extrapolate(group: list[RunCurve], c_min: float | None = None) -> Extrapola
     return extrapolation_check(compute, reward, fraction=EXTRAPOLATION_FRACTION, runs=runs, c_min=c_min)
 
 
-def _base_index(groups: list[list[RunCurve]], fits: list[SigmoidFit]) -> int | None:
-    """The base recipe among complete groups: the scalerl variant (the fitted one with the most seeds, then the
+def _base_index(groups: list[list[RunCurve]], fits: list[SigmoidFit], base: str = BASELINE) -> int | None:
+    """The base recipe among complete groups: the variant `base` (the fitted one with the most seeds, then the
     first)."""
-    candidates = [i for i, g in enumerate(groups) if g[0].variant == BASELINE]
+    candidates = [i for i, g in enumerate(groups) if g[0].variant == base]
     if not candidates:
         return None
     return max(candidates, key=lambda i: (fits[i].ok, len(groups[i]), -i))
@@ -485,6 +536,32 @@ def _parent_run(curves: list[RunCurve], experiment: str, uri: str, sweep: str | 
             return parent
     parents = {curve.parent_run_id for curve in curves}
     return parents.pop() if len(parents) == 1 and None not in parents else None
+
+
+REPORT_RUN = "analysis-report"  # the name of the run that holds a report of another trainer's runs
+
+
+def _attach_new_run(uri: str, experiment: str, report: Report, resolved: Resolved) -> str:
+    """A new run in `experiment` (tagged analysis.role=report, so that a later report skips it) holding the report's
+    files under report/ and the mapping it used as params; the runs it read are left as they were."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    run = client.create_run(exp.experiment_id, run_name=REPORT_RUN, tags={REPORT_ROLE_TAG: REPORT_ROLE})
+    try:
+        variants = sorted(set(resolved.variants.values()))
+        rewards = sorted(set(resolved.reward.values()))
+        for key, value in (("reward", ", ".join(rewards)), ("compute", resolved.compute.text),
+                           ("base", resolved.base or ""), ("variants", ", ".join(variants)),
+                           ("runs", str(len(resolved.reward)))):
+            client.log_param(run.info.run_id, f"mapping.{key}", value[:6000])
+        _attach(uri, run.info.run_id, report.paths)
+    except Exception:
+        client.set_terminated(run.info.run_id, status="FAILED")
+        raise
+    client.set_terminated(run.info.run_id)
+    return run.info.run_id
 
 
 def _attach(uri: str, run_id: str, paths: list[Path]) -> None:

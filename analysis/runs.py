@@ -64,6 +64,7 @@ class RunCurve:
     params: dict = field(default_factory=dict, repr=False)  # the run's MLflow params (the flattened config)
     last_step: int = 0  # the last optimizer step it logged (any metric)
     tags: dict = field(default_factory=dict, repr=False)
+    unit: str = "GPU-hours"  # what compute counts: GPU-hours for ablate's runs; another trainer's may be steps
 
     @property
     def c_max(self) -> float:

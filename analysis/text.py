@@ -32,9 +32,10 @@ def finding(report) -> list[str]:
     and loo-batch need 1.5x and 1.7x scalerl's compute to reach the same reward"), then what could not be seen and
     at what size (the median resolution of the verdicts of no change, or of all where every variant moved)."""
     if not report.base:
-        base = next((row for row in report.rows if row.variant == BASELINE and not row.incomplete), None)
+        name = report.base_name
+        base = next((row for row in report.rows if row.variant == name and not row.incomplete), None)
         why = (f"{base.label}, the base every verdict compares with, has no fit (why: below)" if base is not None
-               else f"no complete {BASELINE} run, the base every verdict compares with")
+               else f"no complete {name} run, the base every verdict compares with")
         return [f"No verdicts: {why}."]
     judged = [row for row in ordered_rows(report) if row.verdict.label in CATEGORIES]
     if not judged:
@@ -131,7 +132,8 @@ def headline(report) -> list[str]:
     seeds = sorted({row.n_seeds for row in report.rows if not row.incomplete})
     per = (f"{seeds[0]} seed{'s' if seeds[0] > 1 else ''} per variant" if len(seeds) == 1
            else "seeds pooled" if seeds else "no complete run")
-    lines = [f"{report.experiment}, {_scope(report)}: {_n(len(report.rows), 'variant')} from {_n(n_runs, 'run')} "
+    what = report.source or f"{report.experiment}, {_scope(report)}"
+    lines = [f"{what}: {_n(len(report.rows), 'variant')} from {_n(n_runs, 'run')} "
              f"({per}), {sum(r.fit.ok for r in report.rows)} fitted."]
     if report.others:
         lines.append(f"Not reported: {'; '.join(s.text for s in report.others)}. --sweep ID reports another, "
@@ -216,8 +218,11 @@ def _res_c(factor: float) -> str:
 
 # --- the ranked table --------------------------------------------------------------------------------------------
 
-TABLE_HEADERS = ["#", "variant", "A [90% CI]", "B own fit [90% CI]", f"ΔA vs {BASELINE}", "ΔB as compared",
-                 "verdict"]
+def table_headers(base: str = BASELINE) -> list[str]:
+    return ["#", "variant", "A [90% CI]", "B own fit [90% CI]", f"ΔA vs {base}", "ΔB as compared", "verdict"]
+
+
+TABLE_HEADERS = table_headers()
 
 
 def _num(x: float, digits: int) -> str:
@@ -298,7 +303,7 @@ def md_table(headers: list[str], rows_cells: list[list[str]]) -> str:
 
 
 def ranked_table(report) -> str:
-    return md_table(TABLE_HEADERS, table_cells(report.rows))
+    return md_table(table_headers(report.base_name), table_cells(report.rows))
 
 
 # the terminal's table (at most WIDTH columns): the verdicts about these runs and about the recipes; the changes with
@@ -335,8 +340,8 @@ def verdict_lines(report) -> list[str]:
         if v.detail:
             text += f". {v.detail[0].upper()}{v.detail[1:]}"
         if row.compared_to is not None:
-            text += (f". Held to the adaptive sweep's test where it stopped, beside {BASELINE} cut at "
-                     f"{fmt_compute(row.compared_to)} GPU-h")
+            text += (f". Held to the adaptive sweep's test where it stopped, beside {report.base_name} cut at "
+                     f"{fmt_compute(row.compared_to)} {report.unit_short}")
         r = row.recipe
         if r is not None and r.resolution:
             text += f". About the recipes: {r.text} (resolution {r.resolution_text}); {r.detail}"
@@ -500,7 +505,7 @@ def stopped_lines(report) -> list[str]:
             said = f"extended from step {tags[EXTENDED_TAG]}"
         else:
             continue
-        cut = f"; vs {BASELINE} cut at {fmt_compute(row.compared_to)} GPU-h" if row.compared_to is not None else ""
+        cut = f"; vs {report.base_name} cut at {fmt_compute(row.compared_to)} GPU-h" if row.compared_to is not None else ""
         lines.append(f"{row.label}: {row.verdict.label} ({said}{cut})")
     return lines
 
@@ -510,10 +515,17 @@ def stopped_lines(report) -> list[str]:
 # The table under the headline and the A/B plot: one line a variant, what it is and what the report says of it
 COMPACT_HEADERS = ["variant", "A [90% CI]", "B own fit [90% CI]", "these runs", "the recipes"]
 # behind it, collapsed: what each verdict rests on (the changes with their z, the resolutions) and the rank
-DETAIL_HEADERS = ["rank", "variant", f"ΔA vs {BASELINE} (z)", "ΔB as compared (z)", "compute to reach R* (z)",
-                  "resolution", "resolution (recipes)"]
+def detail_headers(base: str = BASELINE) -> list[str]:
+    return ["rank", "variant", f"ΔA vs {base} (z)", "ΔB as compared (z)", "compute to reach R* (z)", "resolution",
+            "resolution (recipes)"]
+
+
 # lower down: each fit as it stands
-FULL_HEADERS = ["rank", "variant", "seeds", "A [90% CI]", "B own fit [90% CI]", "C_mid GPU-h [90% CI]", "status"]
+def full_headers(unit: str = "GPU-h") -> list[str]:
+    return ["rank", "variant", "seeds", "A [90% CI]", "B own fit [90% CI]", f"C_mid {unit} [90% CI]", "status"]
+
+
+DETAIL_HEADERS, FULL_HEADERS = detail_headers(), full_headers()
 # a heading per claim in the HTML table (CLAIM_ORDER's, and the rest)
 GROUPS = {"base": "the base recipe", MOVES_A: "moves A: another ceiling", BOTH: "moves A and B",
           MOVES_B: "moves B: another efficiency (how steeply it climbs)",
@@ -573,9 +585,10 @@ def ties_line(rows) -> str:
             f"overlap: {said}.")
 
 
-def method_paragraphs() -> list[str]:
+def method_paragraphs(report=None) -> list[str]:
+    base, unit = (report.base_name, report.unit) if report is not None else (BASELINE, "GPU-hours")
     return [
-        "Each variant's validation pass rate R is fitted against training compute C (GPU-hours) with the sigmoid "
+        f"Each variant's validation pass rate R is fitted against training compute C ({unit}) with the sigmoid "
         "law of ScaleRL (Eq. 1): R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B). "
         "A is the ceiling: the pass rate the recipe approaches with unlimited compute. B is the efficiency: how "
         "steeply the curve climbs towards A (higher is faster). C_mid is the compute at half of the gain A - R0. "
@@ -589,7 +602,7 @@ def method_paragraphs() -> list[str]:
         "refitted together with one common A (a shared parameter, so its uncertainty widens every B interval) and "
         "ranked by their B at it, unless the data fit one common A poorly (its likelihood-ratio test has p < 0.5): "
         "then by their own B. Overlapping B intervals are a tie (same rank).",
-        f"Verdict against {BASELINE}: each claim is a z-test, the change over the standard error the two fits' "
+        f"Verdict against {base}: each claim is a z-test, the change over the standard error the two fits' "
         f"intervals give it (their facing sides), held to {CRITICAL:.2f} (a false claim 2 times in 100: the rule "
         f"\"the 90% intervals apart\" for two equally wide ones), or to an adaptive sweep's boundary at the look "
         f"it stopped. \"{MOVES_A}\" when A's is made, \"small\" when the change is below the paper's {A_TIE}; "
@@ -611,8 +624,12 @@ def method_paragraphs() -> list[str]:
     ]
 
 
-EXTRAP_HEADERS = ["variant", "fitted up to GPU-h", "end GPU-h", "observed end", "sigmoid: predicted end [90%]",
-                  "sigmoid: error", "power law: predicted end", "power law: error", "power law: ceiling"]
+def extrap_headers(unit: str = "GPU-h") -> list[str]:
+    return ["variant", f"fitted up to {unit}", f"end {unit}", "observed end", "sigmoid: predicted end [90%]",
+            "sigmoid: error", "power law: predicted end", "power law: error", "power law: ceiling"]
+
+
+EXTRAP_HEADERS = extrap_headers()
 
 
 def _pinned(power) -> bool:
@@ -700,16 +717,19 @@ def markdown_page(report) -> str:
     rows = ordered_rows(report)
     parts = [f"# Sigmoid fits: {report.experiment}", "", " ".join(finding(report)), "",
              f"![A and B of each variant]({report.params_plot.name})", "",
-             PARAMS_CAPTION.format(base=report.base or BASELINE, margin=A_TIE), "",
+             PARAMS_CAPTION.format(base=report.base or report.base_name, margin=A_TIE), "",
              md_table(COMPACT_HEADERS, compact_cells(rows)), "", *(p + "\n" for p in _more_lines(report))]
     ties = ties_line(rows)
     parts += ["<details><summary>Changes, z-values, resolutions and ranks</summary>", "",
-              md_table(DETAIL_HEADERS, detail_cells(rows)), "", *([ties, ""] if ties else []), "</details>", ""]
+              md_table(detail_headers(report.base_name), detail_cells(rows)), "", *([ties, ""] if ties else []), "</details>", ""]
     parts += ["## Verdicts", "", "<details><summary>Why each verdict: what it rests on, its resolution</summary>", "",
               *(f"- {line}" for line in verdict_lines(report)), "", "</details>", ""]
     notes = note_lines(report)
     if notes:
         parts += ["Notes:", "", *(f"- {line}" for line in notes), ""]
+    if report.mapping:
+        parts += ["## How these runs were read", "", f"From {report.source}:", "",
+                  *(f"- {line}" for line in report.mapping), ""]
     if report.has_truth:
         parts += ["## Known truth (generator=mock)", "", truth_table(report), "", TRUTH_NOTE, ""]
     if adaptive_cells(report):
@@ -718,13 +738,14 @@ def markdown_page(report) -> str:
     if beside_cells(report):
         parts += ["## Beside the paper", "", md_table(BESIDE_HEADERS, beside_cells(report)), "",
                   beside_caption(report), ""]
-    parts += ["## Curves and fits", "", f"![each variant beside {report.base or BASELINE}]({report.overview.name})",
+    parts += ["## Curves and fits", "", f"![each variant beside {report.base or report.base_name}]({report.overview.name})",
               ""]
     parts += ["## Linearized (slope B)", "", f"![linearized]({report.linearized.name})", ""]
-    parts += ["## Extrapolation check", "", extrap_text(report), "", md_table(EXTRAP_HEADERS, extrap_cells(rows)), ""]
-    parts += ["## Fits", "", md_table(FULL_HEADERS, full_cells(rows)), ""]
+    parts += ["## Extrapolation check", "", extrap_text(report), "", md_table(extrap_headers(report.unit_short), extrap_cells(rows)),
+              ""]
+    parts += ["## Fits", "", md_table(full_headers(report.unit_short), full_cells(rows)), ""]
     parts += ["## Per variant", "", *(f"![{row.label}]({row.plot.name})" for row in rows), ""]
-    parts += ["## Method", "", *(p + "\n" for p in method_paragraphs())]
+    parts += ["## Method", "", *(p + "\n" for p in method_paragraphs(report))]
     return "\n".join(parts).rstrip("\n") + "\n"
 
 
@@ -797,12 +818,15 @@ def html_page(report) -> str:
     rows = ordered_rows(report)
     classes = ["" if row.fit.ok and not row.incomplete else ' class="failed"' for row in rows]
     compact = _html_table(COMPACT_HEADERS, compact_cells(rows), classes, range(1, 3), [_group(r) for r in rows])
-    detail = _html_table(DETAIL_HEADERS, detail_cells(rows), classes, range(2, 5))
-    full = _html_table(FULL_HEADERS, full_cells(rows), classes, range(3, 6))
-    extrap = _html_table(EXTRAP_HEADERS, extrap_cells(rows), [""] * len(rows), range(1, 9))
+    detail = _html_table(detail_headers(report.base_name), detail_cells(rows), classes, range(2, 5))
+    full = _html_table(full_headers(report.unit_short), full_cells(rows), classes, range(3, 6))
+    extrap = _html_table(extrap_headers(report.unit_short), extrap_cells(rows), [""] * len(rows), range(1, 9))
     more = "".join(f'<p class="small">{esc(p)}</p>' for p in _more_lines(report))
     ties = ties_line(rows)
-    method = "".join(f'<p class="small">{esc(p)}</p>' for p in method_paragraphs())
+    method = "".join(f'<p class="small">{esc(p)}</p>' for p in method_paragraphs(report))
+    mapping = "".join(f"<li>{esc(line)}</li>" for line in report.mapping)
+    if mapping:
+        mapping = f"<details open><summary>How these runs were read: {esc(report.source)}</summary><ul>{mapping}</ul></details>"
     verdicts = "".join(f"<li>{esc(line)}</li>" for line in verdict_lines(report))
     notes = "".join(f"<li>{esc(line)}</li>" for line in note_lines(report))
     truth = ""
@@ -822,7 +846,7 @@ def html_page(report) -> str:
                   f"{_html_table(BESIDE_HEADERS, beside, [''] * len(beside), range(1, 9))}"
                   f'<p class="small">{esc(beside_caption(report))}</p>')
     plots = "\n".join(_img(row.plot, row.label) for row in rows)
-    caption = PARAMS_CAPTION.format(base=report.base or BASELINE, margin=A_TIE)
+    caption = PARAMS_CAPTION.format(base=report.base or report.base_name, margin=A_TIE)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>Sigmoid fits: {esc(report.experiment)}</title>
@@ -839,9 +863,10 @@ def html_page(report) -> str:
 </details>
 <details><summary>Why each verdict: what it rests on, its resolution</summary><ul>{verdicts}</ul></details>
 {f"<details><summary>Notes: ties, the fits' warnings</summary><ul>{notes}</ul></details>" if notes else ""}
+{mapping}
 {truth}
 <h2>Curves and fits</h2>
-<div class="wide">{_img(report.overview, f"each variant beside {report.base or BASELINE}")}</div>
+<div class="wide">{_img(report.overview, f"each variant beside {report.base or report.base_name}")}</div>
 <h2>Linearized: log F(R) against log C, slope B</h2>
 <div class="wide">{_img(report.linearized, "linearized")}</div>
 <h2>Extrapolation check</h2>

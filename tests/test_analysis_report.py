@@ -600,7 +600,7 @@ def test_the_finding_says_in_words_what_moved_and_what_could_not_be_seen():
         "0.50, nor of the compute needed by a factor below 1.30 could be seen (one that size is found 9 times in 10).",
     ]
     rows = [_verdict_row("scalerl", None, Verdict("no fit")), _verdict_row("loo-a", 1, Verdict(NO_CHANGE))]
-    assert finding(SimpleNamespace(base=None, rows=rows)) == [
+    assert finding(SimpleNamespace(base=None, base_name="scalerl", rows=rows)) == [
         "No verdicts: scalerl, the base every verdict compares with, has no fit (why: below)."]
 
 
