@@ -146,6 +146,8 @@ def resolve(runs: list[SourceRun], mapping: Mapping = Mapping(), source: str = "
     variants = _variants(kept, mapping.variant, said)
     base = _base(variants, mapping.base, said)
     warned = _step_cost_warning(kept, variants) if compute.kind == "step" else []
+    if compute.kind == "step" and not any(run.params for run in kept):
+        said.append("a step is taken to cost the same in every variant (the runs carry no params to check it by)")
     if mapping.r0 is not None and not 0.0 <= mapping.r0 < 1.0:
         raise MappingError(f"--r0 {mapping.r0:g}: the reward before training must lie in [0, 1)")
     return Resolved(reward=reward, compute=compute, variants=variants, base=base, said=said, warned=warned,
@@ -280,6 +282,11 @@ def _compute_at(run: SourceRun, reward: Series, compute: Compute) -> np.ndarray:
         return hours * compute.scale
     logged = run.history(compute.name)
     _forward(run, logged.step, logged.value, compute.name)
+    if logged.value.size > 2 and not logged.value[-1] > logged.value[0]:
+        raise MappingError(f"run {run.name}: {compute.name} does not grow ({fmt_compute(float(logged.value[0]))} at "
+                           f"step {int(logged.step[0])}, {fmt_compute(float(logged.value[-1]))} at step "
+                           f"{int(logged.step[-1])}): a figure per step? compute must be cumulative (--compute "
+                           "wall*GPUS or step*GPU_HOURS_PER_STEP)")
     known_steps, known = logged.step, logged.value * compute.scale
     if 0 not in known_steps:
         known_steps, known = np.append(0, known_steps), np.append(0.0, known)

@@ -71,8 +71,8 @@ def series_of(points) -> Series:
 
 def mlflow_runs(experiment: str, tracking_uri: str | None = None) -> list[SourceRun]:
     """The runs of an MLflow experiment, whoever logged them, oldest first: every run but the deleted ones, the
-    runs the analysis made to hold its reports, and parents of nested runs that log no metric themselves (a sweep's
-    parent holds no curve)."""
+    runs the analysis made to hold its reports, ablate's sweep parents, and runs that logged no metric (a parent of
+    nested runs holds no curve)."""
     client = _client(tracking_uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
@@ -80,7 +80,8 @@ def mlflow_runs(experiment: str, tracking_uri: str | None = None) -> list[Source
         raise ExperimentNotFound(f"experiment {experiment!r} not found at {client.tracking_uri}; experiments there: "
                                  + (", ".join(names) if names else "none"))
     found = [run for run in _search_all(client, exp.experiment_id, None)
-             if run.data.tags.get(REPORT_ROLE_TAG) != REPORT_ROLE and run.data.metrics]
+             if run.data.tags.get(REPORT_ROLE_TAG) != REPORT_ROLE and run.data.tags.get("ablate.role") != "sweep"
+             and run.data.metrics]
     if not found:
         raise NoRuns(f"experiment {experiment!r} at {client.tracking_uri} has no run with a logged metric")
     found.sort(key=lambda run: run.info.start_time or 0)

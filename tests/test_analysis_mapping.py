@@ -181,13 +181,13 @@ def _law(c, A, B=1.5, C_mid=30.0, R0=0.1):
 
 
 @pytest.fixture
-def foreign_store(tmp_path):
+def foreign_store(mlflow_uri):
     """Four TRL-named runs (eval_reward at steps 0..100, two variants by run name, two seeds each): the lower ceiling
     of `lr-hi` is 0.1 below `baseline`'s."""
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_uri
     client = MlflowClient(uri)
     exp = client.create_experiment("grpo")
     rng = np.random.default_rng(3)
@@ -289,3 +289,33 @@ def test_a_wandb_chart_export_is_reported_from_one_command(tmp_path, capsys):
     need = re.search(r"no-kl needs? ([\d.]+)x base's compute", flat)
     assert need and 1.6 < float(need.group(1)) < 2.5, flat  # the truth: 2x
     assert (tmp_path / "out" / "report.html").exists()
+
+
+# --- verl's names (MLflow runs written with them: no verl run is possible here, tests/foreign_runs.py) -------------
+
+
+def test_runs_with_verls_names_are_judged_right_by_their_known_laws(mlflow_uri, tmp_path, capsys):
+    """verl's validation reward (val-core/<source>/reward/mean_at_4) inferred, compute from the wall clock x 8 GPUs
+    (verl logs no cumulative compute), and the verdict the laws say: lr-2e-6's ceiling is 0.1 higher."""
+    from analysis.__main__ import main
+    from analysis.synthetic import Truth
+    from foreign_runs import VerlVariant, make_verl_experiment
+
+    make_verl_experiment(mlflow_uri, "verl-gsm8k", steps=60, test_freq=5, variants={
+        "base": Truth(A=0.7, B=2.0, C_mid=6.0, R0=0.3),
+        "lr-2e-6": VerlVariant(law=Truth(A=0.8, B=2.0, C_mid=6.0, R0=0.3),
+                               config={"actor_rollout_ref/actor/optim/lr": 2e-6})})
+    args = ["report", "--experiment", "verl-gsm8k", "--tracking-uri", mlflow_uri, "--out", str(tmp_path)]
+    assert main([*args, "--compute", "wall*8"]) == 0
+    out = capsys.readouterr().out
+    assert "  reward: val-core/openai/gsm8k/reward/mean_at_4 (verl's validation reward" in out
+    assert "  base: base (by its name" in out
+    flat = " ".join(out.split())
+    moved = re.search(r"Against base, lr-2e-6 raises the ceiling A by (0\.\d+)", flat)
+    assert moved and abs(float(moved.group(1)) - 0.1) < 0.03, flat
+    assert "C_mid GPU-h [90% CI]" in (tmp_path / "report.md").read_text()  # wall x GPUs: GPU-hours
+    # verl's per-step figures are not compute: one line says so
+    assert main([*args, "--compute", "timing_s/step"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: run base-seed1: timing_s/step does not grow (90 at step 1, 90 at step 60): a figure "
+                          "per step?") and "\n" not in err
