@@ -186,9 +186,8 @@ def _reward(runs: list[SourceRun], said_reward: str | None, source: str, said: l
         if not found:
             every = sorted({m for run in runs for m in run.metrics})
             close = difflib.get_close_matches(said_reward, every, n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]}? " if close else ""
-            raise MappingError(f"--reward {said_reward}: no such metric in {source}; {hint}(metrics: "
-                               f"{_listed(every)})")
+            said_which = f"did you mean {close[0]}?" if close else f"(metrics: {_listed(every)})"
+            raise MappingError(f"--reward {said_reward}: no such metric in {source}; {said_which}")
         return found, _without(runs, found, said_reward, said)
     every = [set(run.metrics) for run in runs]
     common = set.intersection(*every)
