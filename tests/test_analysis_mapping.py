@@ -200,6 +200,10 @@ def foreign_store(mlflow_uri):
             values[0] = 0.1
             client.log_batch(run.info.run_id, metrics=[Metric("eval_reward", float(v), 1_700_000_000_000 + int(s),
                                                               int(s)) for s, v in zip(steps, values)])
+            # as TRL logs them: train_runtime once, at the end; the loss, up and down
+            client.log_batch(run.info.run_id, metrics=[
+                Metric("train_runtime", 61.5, 1_700_000_000_100, 100),
+                *(Metric("loss", float(0.5 + 0.1 * (-1) ** s), 1_700_000_000_000 + int(s), int(s)) for s in steps)])
             client.set_terminated(run.info.run_id)
     return uri, client, exp
 
@@ -238,6 +242,10 @@ def test_the_report_of_another_trainers_experiment_prints_its_mapping_and_leaves
     (["--base", "scalerl"], "error: --base scalerl matches no variant; variants: baseline, lr-hi"),
     (["--compute", "steps*2"], "error: --compute steps*2: no such metric in MLflow experiment grpo"),
     (["--sweep", "x", "--reward", "eval_reward"], "error: --sweep picks among ablate's sweeps"),
+    (["--reward", "train_runtime", "--base", "baseline"], "error: variant baseline: train_runtime has 1 point (at step "
+                                                          "100) in each of its 2 runs: a final-only metric?"),
+    (["--compute", "loss"], "error: run baseline-seed1: compute (loss) goes backwards at step 5: 0.4 after 0.6 at step "
+                            "0 (compute must be cumulative)"),
 ])
 def test_a_bad_mapping_on_the_command_line_is_one_line_and_exit_2(foreign_store, tmp_path, capsys, flags, line):
     from analysis.__main__ import main
