@@ -131,7 +131,11 @@ def _report(args):
                                  source=f"curves of {args.file}", out_dir=args.out, c_min=args.c_min,
                                  from_file=True)
     uri = resolve_tracking_uri(args.tracking_uri)
-    if not mapped and sweeps_of(args.experiment, uri):
+    if sweeps_of(args.experiment, uri):
+        if mapped:
+            raise MappingError(f"experiment {args.experiment} holds runs ablate logged, read by their tags (--sweep "
+                               "picks a sweep); --reward, --compute, --variant, --base, --r0 and --mapping are for "
+                               "another trainer's runs")
         return make_report(args.experiment, tracking_uri=uri, out_dir=args.out, sweep=args.sweep, c_min=args.c_min)
     if args.sweep is not None:
         raise MappingError("--sweep picks among ablate's sweeps; with a mapping (or runs ablate did not log), "

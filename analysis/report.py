@@ -1,8 +1,9 @@
 """MLflow runs -> sigmoid fits per variant -> ranking and verdicts -> fits.csv, variants.csv, report.md, report.html,
 PNG plots -> back to MLflow (attached to the sweep's parent run).
 
-`make_report` is the whole pipeline (`python -m analysis report` is a thin shell around it; the words and tables
-are analysis/text.py). One report compares one sweep, runs of one setup (model, task, generator), and gives
+`make_report` is the whole pipeline for a sweep of ours, `report_other_runs` for another trainer's runs read by a
+mapping (analysis/mapping.py; attached to a new run), both through `report_curves` (`python -m analysis report` is
+a thin shell around them; the words and tables are analysis/text.py). One report compares one sweep, runs of one setup (model, task, generator), and gives
 verdicts to complete, testable runs only; the seeds of a variant are fitted together; mock runs are checked against
 their truth (analysis/truth.py). Reading a report: docs/analysis.md; the method: docs/fitting.md.
 """

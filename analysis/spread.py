@@ -45,7 +45,7 @@ class Spread:
         prior = f"the prior ({self.prior_dof:g} dof)" if self.prior_dof else ""
         if not self.dof:
             return (f"a prior, sd of A {self.sd_A:.3f} and of B {self.sd_B:.2f} between runs, {self.prior_dof:g} dof; "
-                    "replicate seeds measure it: sweep.base_seeds=2")
+                    "replicate seeds measure it: two runs of a variant (a sweep's sweep.base_seeds=2)")
         seeds = (f"replicate seeds ({self.dof} dof: sd of A {self.seeds_sd_A:.3f}, of B {self.seeds_sd_B:.2f})")
         return f"{seeds}{' and ' + prior if prior else ''}: sd of A {self.sd_A:.3f}, of B {self.sd_B:.2f}"
 

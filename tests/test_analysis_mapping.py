@@ -327,3 +327,20 @@ def test_runs_with_verls_names_are_judged_right_by_their_known_laws(mlflow_uri, 
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: run base-seed1: timing_s/step does not grow (90 at step 1, 90 at step 60): a figure "
                           "per step?") and "\n" not in err
+
+
+def test_a_mapping_flag_on_runs_ablate_logged_is_refused(mlflow_uri, tmp_path, capsys):
+    """ablate's runs are read by their tags, sweep by sweep; a mapping would pool its sweeps by variant name."""
+    from mlflow.tracking import MlflowClient
+
+    from analysis.__main__ import main
+
+    client = MlflowClient(mlflow_uri)
+    exp = client.create_experiment("tiny")
+    run = client.create_run(exp, tags={"ablate.role": "variant", "ablate.variant": "scalerl", "ablate.sweep": "s1"})
+    client.log_metric(run.info.run_id, "val/pass_rate", 0.1, step=0)
+    assert main(["report", "--experiment", "tiny", "--tracking-uri", mlflow_uri, "--out", str(tmp_path),
+                 "--base", "loo-fp32"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: experiment tiny holds runs ablate logged, read by their tags (--sweep picks a sweep); "
+                   "--reward, --compute, --variant, --base, --r0 and --mapping are for another trainer's runs")
