@@ -349,7 +349,9 @@ def size_warning(planned: Sequence[Planned], launcher: dict, gpu_gb: float | Non
 
 def print_cost(planned: Sequence[Planned]) -> None:
     """Each run's GPU-hours by the cost model (ablate/cost.py), at completions of half their budget and of all of
-    it, every row trained; variants of the same cost on one line, the sweep's total, and the paper's for scale."""
+    it, its own rows trained (cost.rows_trained); variants of the same cost on one line, the sweep's total, and the
+    paper's for scale. Then, at half the budget, the side that binds each (generation or learning), what a learner
+    twice as fast would save, and the generator tokens/s below which generation would bind."""
     from ablate import cost
     from ablate.checks import model_shape
 
@@ -357,27 +359,42 @@ def print_cost(planned: Sequence[Planned]) -> None:
     params = model_shape(first.model).params
     budget = int(first.generation.max_think_tokens) + int(first.generation.max_answer_tokens)
     speed = cost.throughput(first, params)
-    print(f"GPU-hours (ablate/cost.py's estimate, every row trained: {speed.generate:,.0f} tokens/s a generator GPU"
+    peak = float(first.run.get("peak_tflops") or cost.PEAK_TFLOPS[cost.PRICED_KIND])
+    print(f"GPU-hours (ablate/cost.py's estimate: {speed.generate:,.0f} tokens/s a generator GPU"
           f"{'' if first.launcher.get('gen_tokens_per_s') else ' (an upper bound: launcher.gen_tokens_per_s)'}, "
-          f"{float(first.launcher.train_mfu):.0%} MFU a trainer GPU (launcher.train_mfu); prompts at their budget, "
-          f"{int(first.generation.max_prompt_tokens):,} tokens; completions of {budget // 2:,} on average, or "
-          f"{budget:,}):")
+          f"{speed.train:,.0f} a trainer GPU at {speed.train * 6 * params / 1e12 / peak:.0%} MFU"
+          f"{'' if first.launcher.get('train_mfu') else ' (an estimate: launcher.train_mfu)'} of {peak:,.0f} TFLOP/s"
+          f"{'' if first.run.get('peak_tflops') else f' (an {cost.PRICED_KIND}: run.peak_tflops)'}; prompts at "
+          f"their budget, {int(first.generation.max_prompt_tokens):,} tokens; completions of {budget // 2:,} on "
+          f"average, or {budget:,}; every row trained without zero-variance filtering, {cost.KEPT:.0%} with it):")
     lines: dict[str, list[str]] = {}
+    binds: dict[str, list[str]] = {}
     total = [0.0, 0.0, 0.0]
     for p in planned:
-        half, full = (cost.estimate(p.cfg, params, completion) for completion in (budget / 2, budget))
+        kept = cost.rows_trained(p.cfg)
+        half, full = (cost.estimate(p.cfg, params, completion, kept) for completion in (budget / 2, budget))
         total = [total[0] + half.gpu_hours, total[1] + full.gpu_hours, total[2] + half.val_gpu_hours]
         line = (f"{half.gpu_hours:,.0f} GPU-hours ({full.gpu_hours:,.0f}), {half.step_s:,.0f} s a step, "
                 f"{half.wall_h:,.1f} h on {half.gpus} GPU{'s' if half.gpus > 1 else ''}"
                 + (f", generators idle {half.generator_idle:.0%}" if half.generator_idle >= 0.005 else "")
                 + (f"; validation +{half.val_gpu_hours:,.0f} (not in C)" if half.val_gpu_hours else ""))
         lines.setdefault(line, []).append(p.variant.label)
+        b = cost.binding(p.cfg, params, budget / 2)
+        said = (f"{b.run.binds}{' (the two in turns)' if b.run.turns else ''}: {b.run.generate_s:,.0f} s "
+                f"generating, {b.run.train_s:,.0f} s learning a step ({kept:.0%} of rows trained); a 2x learner saves "
+                f"{b.saved:,.0f} GPU-h ({b.saved / b.run.gpu_hours:.0%}); generation binds below {b.even:,.0f} "
+                f"tokens/s a generator GPU")
+        binds.setdefault(said, []).append(p.variant.label)
     for line, labels in lines.items():
         print(f"  {', '.join(labels)}: {line}")
     if len(planned) > 1:
         print(f"  the sweep: {total[0]:,.0f} GPU-hours ({total[1]:,.0f}), validation +{total[2]:,.0f}")
     print(f"  for scale: the paper's LOO runs of an 8B model took ~{cost.PAPER_GPU_HOURS:,.0f} GPU-hours each "
           f"(docs/design.md#the-cost-model says why an estimate may fall short of it)")
+    print("the side that binds, at half the budget (generation: the generator GPUs' tokens/s; learning: the "
+          "trainer GPUs' MFU):")
+    for said, labels in binds.items():
+        print(f"  {', '.join(labels)}: {said}")
 
 
 def print_designs(cfg: DictConfig, planned: Sequence[Planned]) -> None:

@@ -346,10 +346,11 @@ class Launcher:
     # a GPU's memory: each process's estimated peak (ablate/memory.py) is checked against it before submit; unset:
     # 80 on SLURM with GPUs, the device's here, no check on CPUs
     gpu_memory_gb: float | None = None
-    # a GPU's speed, for the GPU-hours the pre-flight prints (ablate/cost.py): a trainer GPU's model FLOPs utilisation
-    # of run.peak_tflops, a generator GPU's tokens/s (unset: raw vLLM's on an H100 scaled by FLOPs, an upper bound);
+    # a GPU's speed, for the GPU-hours the pre-flight prints (ablate/cost.py): a trainer GPU's 6N model FLOPs
+    # utilisation of run.peak_tflops (unset: this learner's, ablate.cost.TRAIN_MFU, an estimate stated and dated
+    # there), a generator GPU's tokens/s (unset: raw vLLM's on an H100 scaled by FLOPs, an upper bound);
     # bench/bench_gpu.py measures both on yours
-    train_mfu: float = 0.32
+    train_mfu: Optional[float] = None
     gen_tokens_per_s: float | None = None
     cpus_per_task: int = 1
     mem_gb: int | None = None

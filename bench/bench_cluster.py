@@ -2,7 +2,8 @@
 generator and trainer idle, the GPU-hours and the memory per GPU of `experiment=paper_8b` on 64 generator + 16
 trainer GPUs, and for the whole sweep; beside the paper's 16,000 GPU-hours per LOO variant. A prediction, not a
 measurement: its schedule is the reference clock's (ablate/compute.py), its throughputs and lengths are inputs, and
-its defaults are anchors measured on an H100 with plain transformers and raw vLLM (docs/design.md#the-cost-model).
+its defaults are the cost model's: raw vLLM's tokens/s measured on an H100, this learner's MFU as estimated, an SXM
+H100's peak (ablate/cost.py, docs/design.md#the-cost-model).
 
     python bench/bench_cluster.py                       # paper_8b, H100 defaults
     python bench/bench_cluster.py --gen-tokens-per-s 400 --completion 9000 --kept 0.4
@@ -21,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ablate.cost import (ANCHOR_GEN_TOKENS_PER_S, ANCHOR_PARAMS, PAPER_GPU_HOURS, PEAK_TFLOPS, Throughput,  # noqa: E402
+from ablate.cost import (KEPT, PAPER_GPU_HOURS, PEAK_TFLOPS, PRICED_KIND, TRAIN_MFU, Throughput,  # noqa: E402
                          Work)
 from ablate.cost import simulate as run_clock  # noqa: E402
 from ablate.memory import (GB, Process, Shape, kv_bytes_per_token, largest_micro_batch,  # noqa: E402
@@ -29,10 +30,6 @@ from ablate.memory import (GB, Process, Shape, kv_bytes_per_token, largest_micro
 from ablate.offpolicy import PipelineRL, PPOOffPolicy  # noqa: E402
 
 SETTLED = Path(__file__).resolve().parent / "adaptive_settle.json"
-# measured on a lent H100, 2026-11-22/23 (docs/design.md#the-cost-model): FSDP2's MFU in plain transformers on a
-# 0.89B random Llama, of the H100's dense bf16 peak (ablate.cost.PEAK_TFLOPS, 989): 6 x 0.89B x 73,728 tokens in
-# 1.24 s (raw vLLM's tokens/s: ablate/cost.py's anchor)
-ANCHOR = {"params": ANCHOR_PARAMS, "gen_tokens_per_s": ANCHOR_GEN_TOKENS_PER_S, "train_mfu": 0.32}
 
 @dataclass(frozen=True)
 class Variant:
@@ -76,13 +73,15 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=16, help="completions per prompt (paper: 16)")
     p.add_argument("--prompt-len", type=float, default=400.0, help="mean prompt tokens (budget 2,048)")
     p.add_argument("--completion", type=float, default=8000.0, help="mean completion tokens (budget 14,336)")
-    p.add_argument("--kept", type=float, default=0.5, help="share of rows zero-variance filtering keeps")
+    p.add_argument("--kept", type=float, default=KEPT,
+                   help=f"share of rows zero-variance filtering keeps (default: ablate.cost.KEPT, {KEPT:g})")
     p.add_argument("--k", type=int, default=8, help="off-policy k (PipelineRL-k, PPO-off-policy-k)")
     p.add_argument("--gen-tokens-per-s", type=float, default=None,
                    help="generated tokens/s per generator GPU (default: the H100 anchor scaled by FLOPs)")
-    p.add_argument("--train-mfu", type=float, default=ANCHOR["train_mfu"], help="trainer MFU (default: 0.32)")
-    p.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS["H100"],
-                   help="dense bf16 peak per GPU, TFLOP/s (default: an H100's, ablate.cost.PEAK_TFLOPS)")
+    p.add_argument("--train-mfu", type=float, default=TRAIN_MFU,
+                   help=f"trainer 6N-MFU (default: this learner's, estimated: ablate.cost.TRAIN_MFU, {TRAIN_MFU:g})")
+    p.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS[PRICED_KIND],
+                   help=f"dense bf16 peak per GPU, TFLOP/s (default: an {PRICED_KIND}'s, ablate.cost.PEAK_TFLOPS)")
     p.add_argument("--sync-gb-per-s", type=float, default=20.0,
                    help="weight broadcast bandwidth to the generator GPUs, GB/s (0: no sync cost)")
     p.add_argument("--gpu-gb", type=float, default=85.0, help="memory per GPU, GB, as the device reports it (an \"80 GB\" H100: 85)")

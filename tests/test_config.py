@@ -328,28 +328,34 @@ def test_a_layout_that_does_not_fit_its_gpus_fails_in_the_dry_run_naming_the_gb(
     assert f"model ({llama_8b}): 8.03B parameters, untied embeddings, 131,072 positions; rows of at most 16,404 " \
            "tokens (the interruption's phrase 20 of them)" in printed  # Llama-3.1-8B's 8,030,261,248; 2,048 + 12,288
     # + 2,048 + the phrase in Llama-3's tokens
-    # the GPU-hours (tests/test_cost.py checks the model): PPO-off-policy's rounds wait for their weights, the others
-    # cost the same; raw vLLM's 26,000 tokens/s at 0.89B is 2,882 at 8.03B
-    assert "GPU-hours (ablate/cost.py's estimate, every row trained: 2,882 tokens/s a generator GPU (an upper bound" \
-           in printed
+    # the GPU-hours (tests/test_cost.py checks the model): PPO-off-policy's rounds wait for their weights, loo-batch
+    # trains every row (the others half: cost.KEPT), the rest cost the same; raw vLLM's 26,000 tokens/s at 0.89B is
+    # 2,882 at 8.03B; the learner at the estimated 0.22 MFU of 989 TFLOP/s, 4,516 tokens/s
+    assert "GPU-hours (ablate/cost.py's estimate: 2,882 tokens/s a generator GPU (an upper bound: launcher.gen_" \
+           "tokens_per_s), 4,516 a trainer GPU at 22% MFU (an estimate: launcher.train_mfu) of 989 TFLOP/s;" in printed
     costs = {line.split(":")[0].strip(): float(line.split(": ")[1].split(" GPU-hours")[0].replace(",", ""))
              for line in printed.splitlines() if " GPU-hours (" in line and line.startswith("  ")}
-    assert set(costs) == {"scalerl, loo-dapo, loo-savg, loo-plan, loo-fp32, loo-lp, loo-batch, loo-npr", "loo-8op",
+    assert set(costs) == {"scalerl, loo-dapo, loo-savg, loo-plan, loo-fp32, loo-lp, loo-npr", "loo-8op", "loo-batch",
                           "the sweep"}
-    assert costs["loo-8op"] > 1.2 * costs[next(iter(costs))]
-    assert costs["the sweep"] == pytest.approx(8 * costs[next(iter(costs))] + costs["loo-8op"], abs=5)
+    assert costs["loo-8op"] > 1.2 * costs[next(iter(costs))] and costs["loo-batch"] > 1.2 * costs[next(iter(costs))]
+    assert costs["the sweep"] == pytest.approx(7 * costs[next(iter(costs))] + costs["loo-8op"] + costs["loo-batch"],
+                                               abs=5)
+    # the side that binds (tests/test_cost.py): learning, at the generator's upper-bound rate: a step generates 768 x
+    # 7,168 tokens on 64 GPUs in 29.8 s and trains every row, 768 x 9,216 tokens on 16, in 98.0 s
+    assert "  loo-batch: learning: 30 s generating, 98 s learning a step (100% of rows trained); a 2x learner saves " \
+           in printed
     # SLURM's warning, sized (docs/training.md#time-limits): the update of 768 rows of 2,048 + 14,336 tokens at
-    # 0.32 x 989 TFLOP/s / (6 x 8.03B) = 6,569 tokens/s on 16 GPUs, 119.7 s; a validation of 16,000 rows of 7,168
+    # 0.22 x 989 TFLOP/s / (6 x 8.03B) = 4,516 tokens/s on 16 GPUs, 174.1 s; a validation of 16,000 rows of 7,168
     # tokens at 2,882 tokens/s on 64 GPUs, 621.9 s; 12 B x 8.03B / 16 ranks at 1 GB/s, 6.0 s; the requeue's 30 s:
-    # 777.6 s, x 1.5 in whole minutes, 1,200
-    assert "SLURM's warning 1,200 s before the time limit (launcher.signal_delay_s, sized): checkpointing and " \
-           "requeuing take ~778 s (learner step 120 s, validation 622 s, checkpoint 6 s, requeue 30 s;" in printed
+    # 832.0 s, x 1.5 in whole minutes, 1,260
+    assert "SLURM's warning 1,260 s before the time limit (launcher.signal_delay_s, sized): checkpointing and " \
+           "requeuing take ~832 s (learner step 174 s, validation 622 s, checkpoint 6 s, requeue 30 s;" in printed
     assert not list(tmp_path.glob("mlflow.db*"))
     short = [*common, "launcher.signal_delay_s=300"]  # set shorter than that: said, not refused
     assert run_sweep(compose(short), short) == 0
     said = capsys.readouterr()
     assert "SLURM's warning 300 s before the time limit (launcher.signal_delay_s):" in said.out
-    assert "WARNING: launcher.signal_delay_s=300 is shorter than that" in said.err and "(sized: 1200)" in said.err
+    assert "WARNING: launcher.signal_delay_s=300 is shorter than that" in said.err and "(sized: 1260)" in said.err
 
 
 @pytest.mark.e2e  # paper-preset dry runs on a real vocabulary: 14-18 s (docs/testing.md#markers)
@@ -393,7 +399,7 @@ def test_a_warning_at_or_past_the_time_limit_is_refused_before_submit(llama_8b, 
     """SLURM warns a job launcher.signal_delay_s before its time limit; at or past the limit it warns the job as it
     starts, and the job checkpoints and requeues itself with no step trained, for ever (submitit counts each stop as
     a preemption, which never uses up launcher.max_requeues). Before, that was a warning at half the limit. Refused
-    in the dry run, before anything is created, naming both values: the paper's warning as sized (1,200 s, 20
+    in the dry run, before anything is created, naming both values: the paper's warning as sized (1,260 s, 21
     minutes: the test above) on a 10-minute limit, the same set by hand, and a warning of the limit itself; one
     second under it passes, warned. SLURM's own most, 65,535 s (sbatch refuses more), is refused too."""
     from ablate.run import run_sweep
@@ -403,7 +409,7 @@ def test_a_warning_at_or_past_the_time_limit_is_refused_before_submit(llama_8b, 
               f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"]
     short = [*preset, "launcher.timeout_min=10"]
     refusals = {
-        (): "launcher.signal_delay_s=1200 s (sized) is at or above the job's time limit launcher.timeout_min=10 "
+        (): "launcher.signal_delay_s=1260 s (sized) is at or above the job's time limit launcher.timeout_min=10 "
             "(600 s): SLURM would warn each job as it starts",
         ("launcher.signal_delay_s=1200",): "launcher.signal_delay_s=1200 s is at or above the job's time limit "
                                            "launcher.timeout_min=10 (600 s): SLURM would warn each job as it starts",
