@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from torch.nn.attention.varlen import varlen_attn
 
 
 def build_tokenizer(model: DictConfig):
@@ -271,3 +272,156 @@ class Scorer(torch.nn.Module):
                 lengths: torch.Tensor) -> torch.Tensor:
         return completion_logprobs(self.model, prompt_tokens, prompt_mask, tokens, lengths, self.head,
                                    temperature=self.temperature, compute_dtype=self.compute_dtype)
+
+
+# ------------------------------------------------------------------------------------------------- packed rows
+PACKED = "ablate_packed"  # `packed_attention` registers its functions as PACKED + "_over_" + the model's own
+
+
+def _attention_dtype(query: torch.Tensor) -> torch.dtype:
+    """The dtype attention computes in: autocast's on the queries' device where it is on, else the queries' own."""
+    kind = query.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else query.dtype
+
+
+def _varlen_runs(query: torch.Tensor) -> bool:
+    """Whether torch's varlen attention takes these queries: FlashAttention's (or cuDNN's) kernels, on CUDA, in bf16
+    or fp16. Tests on the CPU emulate this branch (tests/test_packing.py)."""
+    return query.is_cuda and _attention_dtype(query) in (torch.bfloat16, torch.float16)
+
+
+def _varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds: torch.Tensor, longest: int,
+            scale: float | None) -> torch.Tensor:
+    """Causal attention within each row of a packed sequence: query [S, heads, D], key/value [S, K/V heads, D],
+    bounds [rows + 1] int32 (row r is tokens bounds[r]:bounds[r + 1]), longest the longest row; [S, heads, D].
+    One varlen kernel, grouped K/V taken natively, in the compute dtype (a custom op: autocast does not cast it)."""
+    dtype = _attention_dtype(query)
+    query, key, value = (t.to(dtype).contiguous() for t in (query, key, value))
+    return varlen_attn(query, key, value, bounds, bounds, longest, longest, scale=scale, window_size=(-1, 0),
+                       enable_gqa=key.shape[1] != query.shape[1])
+
+
+def _by_row(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds: torch.Tensor, longest: int,
+            scale: float | None) -> torch.Tensor:
+    """`_varlen`'s result where it cannot run (the CPU; fp32 compute): SDPA on each row's slice, causal with no mask,
+    K/V repeated to the query's heads (the memory-efficient kernel's case in fp32: `_sdpa_linear`), so that memory
+    stays linear in the row's tokens. Flex attention with a document mask has no backward on the CPU in torch 2.13."""
+    groups = query.shape[1] // key.shape[1]
+    edges = bounds.tolist()
+    out = [torch.nn.functional.scaled_dot_product_attention(
+        query[start:end].transpose(0, 1)[None], key[start:end].repeat_interleave(groups, dim=1).transpose(0, 1)[None],
+        value[start:end].repeat_interleave(groups, dim=1).transpose(0, 1)[None], is_causal=True, scale=scale,
+    )[0].transpose(0, 1) for start, end in zip(edges[:-1], edges[1:]) if end > start]
+    return torch.cat(out)
+
+
+def _packed(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, *, unpacked: str,
+            cu_seq_lens_q=None, cu_seq_lens_k=None, max_length_q=None, max_length_k=None, **kwargs):
+    """transformers' attention call, for a model set to `packed_attention`. A packed call (one given the pass's row
+    bounds, `cu_seq_lens_q`, as `packed_logprobs` passes them: query [1, heads, S, D]) attends within each row
+    alone: `_varlen` where it runs, `_by_row` elsewhere. Any other call goes to the model's own implementation."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if cu_seq_lens_q is None:
+        return ALL_ATTENTION_FUNCTIONS[unpacked](module, query, key, value, attention_mask, dropout=dropout,
+                                                 scaling=scaling, **kwargs)
+    if query.shape[0] != 1 or attention_mask is not None or dropout or kwargs.get("sliding_window"):
+        raise ValueError(f"a packed attention call takes one sequence, no mask, no dropout and no sliding window: got "
+                         f"a batch of {query.shape[0]}, mask {attention_mask is not None}, dropout {dropout}, "
+                         f"sliding window {kwargs.get('sliding_window')}")
+    if cu_seq_lens_k is not None and cu_seq_lens_k is not cu_seq_lens_q:
+        raise ValueError("a packed attention call attends within each row: its key bounds are its query bounds")
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [S, heads, D]: varlen's layout
+    attend = _varlen if _varlen_runs(q) else _by_row
+    return attend(q, k, v, cu_seq_lens_q, int(max_length_q), scaling)[None], None
+
+
+def _packed_mask(*, unpacked: str, attention_mask=None, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
+                 **kwargs):
+    """transformers' mask for a model set to `packed_attention`: none for a call with no padding and no cache (a packed
+    pass, whose rows `_packed` keeps apart, or one causal row: transformers would build a dense [S, S] block mask
+    from the positions that restart at each row); the model's own mask for any other call."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    if attention_mask is None and q_length == kv_length and not q_offset and not kv_offset:
+        return None
+    return ALL_MASK_ATTENTION_FUNCTIONS[unpacked](attention_mask=attention_mask, q_length=q_length,
+                                                  kv_length=kv_length, q_offset=q_offset, kv_offset=kv_offset,
+                                                  **kwargs)
+
+
+def packed_attention(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with its attention through `_packed` and its masks through `_packed_mask`, each falling back to the
+    model's own implementation (sdpa, `ablate_sdpa_linear`) for any call that is not a packed pass: the trainer's
+    policy also decodes validation's prompts, padded, with a cache. Registered in transformers' attention and mask
+    interfaces on first use; a model already set so is returned as it is."""
+    import functools
+
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    unpacked = model.config._attn_implementation
+    if unpacked.startswith(PACKED):
+        return model
+    if unpacked not in ALL_ATTENTION_FUNCTIONS:
+        raise ValueError(f"packed rows keep the model's own attention for its other calls, but {unpacked!r} is not "
+                         f"in transformers' attention interface: set the model to sdpa")
+    name = f"{PACKED}_over_{unpacked}"
+    AttentionInterface.register(name, functools.partial(_packed, unpacked=unpacked))
+    AttentionMaskInterface.register(name, functools.partial(_packed_mask, unpacked=unpacked))
+    model.set_attn_implementation(name)
+    return model
+
+
+def packed_logprobs(model: torch.nn.Module, prompt_tokens: torch.Tensor, prompt_mask: torch.Tensor,
+                    tokens: torch.Tensor, lengths: torch.Tensor, head: Callable, temperature: float = 1.0,
+                    compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """`completion_logprobs` (the same arguments, the same [N, T] result, 0 past each length) from one packed
+    sequence: the rows' real tokens (each prompt's, then its completion's) one row after another, [1, sum of rows'
+    tokens], no padding; positions restarting at 0 at each row; attention within each row (`packed_attention`, which
+    `model` must be set to); the head applied to the states that predict the completions' tokens, those alone.
+    Why packed, and why not through transformers' sdpa: docs/training.md#packed-rows."""
+    N, P = prompt_tokens.shape
+    T = tokens.shape[1]
+    device = tokens.device
+    steps = torch.arange(T, device=device)
+    inside = steps[None, :] < lengths[:, None]  # [N, T] the completions' tokens
+    real = prompt_mask.sum(dim=1)
+    sizes = real + lengths  # [N] each row's tokens
+    total, longest, completions, promptless = torch.stack([sizes.sum(), sizes.max(), lengths.sum(),
+                                                           (real == 0).sum()]).tolist()  # one read from the device
+    if promptless:
+        raise ValueError(f"{promptless} of {N} rows have no prompt token: a row's first completion token needs a "
+                         f"state before it")
+    kept = torch.cat([prompt_mask.bool(), inside], dim=1)  # [N, P + T] each row's real tokens, in order
+    where = kept.flatten().nonzero_static(size=total)[:, 0]
+    ids = torch.cat([prompt_tokens, tokens], dim=1).flatten()[where]
+    positions = (kept.cumsum(dim=1) - 1).flatten()[where]  # 0.. in each row
+    bounds = torch.zeros(N + 1, dtype=torch.int32, device=device)
+    bounds[1:] = sizes.cumsum(dim=0)
+    with autocast(device, compute_dtype):
+        hidden = model.get_decoder()(input_ids=ids[None], position_ids=positions[None], use_cache=False,
+                                     cu_seq_lens_q=bounds, cu_seq_lens_k=bounds, max_length_q=longest,
+                                     max_length_k=longest).last_hidden_state[0]
+    # the state at a row's position p predicts its token p + 1: row i's completion token t at bounds[i] + real_i - 1 + t
+    chosen = inside.flatten().nonzero_static(size=completions)[:, 0]  # [M] (row, t) of each completion token, flat
+    at = (bounds[:-1, None] + real[:, None] - 1 + steps[None, :]).flatten()[chosen]
+    lm_head = model.get_output_embeddings()
+    logp = head(hidden[at], lm_head.weight, tokens.flatten()[chosen], bias=lm_head.bias, temperature=temperature,
+                operands=compute_dtype)
+    return torch.zeros(N * T, dtype=logp.dtype, device=device).index_put((chosen,), logp).view(N, T)
+
+
+class PackedScorer(Scorer):
+    """The Scorer with its rows packed (`packed_logprobs`): the same inputs and [N, T] log-probs, no compute on
+    padding. Sets the model's attention to `packed_attention` (for good: its other calls keep the model's own)."""
+
+    def __init__(self, model: torch.nn.Module, head: Callable, temperature: float = 1.0,
+                 compute_dtype: torch.dtype = torch.float32):
+        super().__init__(packed_attention(model), head, temperature, compute_dtype)
+
+    def forward(self, prompt_tokens: torch.Tensor, prompt_mask: torch.Tensor, tokens: torch.Tensor,
+                lengths: torch.Tensor) -> torch.Tensor:
+        return packed_logprobs(self.model, prompt_tokens, prompt_mask, tokens, lengths, self.head,
+                               temperature=self.temperature, compute_dtype=self.compute_dtype)
