@@ -318,6 +318,9 @@ class Run:
     # FSDP: each pass's gradients reduce-scattered into the shards (4N/ranks bytes a rank); false: accumulated whole
     # on every rank (4N bytes: 32 GB at 8B) and reduce-scattered once a step, one collective instead of one a pass
     sharded_gradients: bool = True
+    # a learner's pass: its rows packed into one sequence, attention within each row, no padding (varlen attention
+    # on a GPU); false: side by side, each padded to the pass's longest (docs/training.md#packed-rows)
+    packed_rows: bool = True
     # dense bf16 TFLOP/s of one trainer GPU (an H100's: 989); > 0 logs perf/trainer_mfu each step
     peak_tflops: float = 0.0
     # the control plane (gloo, whatever the device): how long a trainer rank or an engine process waits for rank 0's

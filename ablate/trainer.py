@@ -30,7 +30,8 @@ from ablate.config import flatten
 from ablate.generators.base import Interrupted, capabilities
 from ablate.distributed.groups import Groups
 from ablate.distributed.layouts import SHARDS, OneProcess, Weights
-from ablate.policy import Scorer, build_policy, build_tokenizer, compute_dtype
+from ablate import plan
+from ablate.policy import PackedScorer, Scorer, build_policy, build_tokenizer, compute_dtype
 from ablate.registry import build
 from ablate.rl.aggregation import token_weights
 from ablate.rollouts import Rollouts
@@ -49,8 +50,11 @@ class Learner:
 
     Each piece is the function its config option names (normalization, loss, aggregation, precision). The
     aggregation's token weights are taken once on the whole batch, so micro-batches with gradient accumulation give
-    the whole batch's gradient exactly, however the rows are grouped: rows are grouped by length
-    (`micro_batches`) and each micro-batch is cut to its own longest row, so no compute goes to padding beyond it.
+    the whole batch's gradient exactly, however the rows are grouped: the step's plan (ablate/plan.py: `padded`)
+    deals the rows to the ranks and groups them by length into micro-batches, each cut to its own longest row, every
+    rank running the same number of them with about the same work (`perf/learner_token_efficiency`: real tokens over
+    the tokens computed, padding included; `perf/learner_imbalance`: the busiest rank's work over the mean rank's,
+    minus 1). Every rank computes the same plan from every row's length.
     The weights and AdamW's state are fp32; the decoder computes in `model.dtype` (ablate/policy.py).
     `ranks` spreads the rows and the weights over trainer processes (ablate/distributed/layouts.py: OneProcess, the default,
     or FSDP); the weights, advantages and loss are the whole batch's on any number of them.
@@ -68,10 +72,15 @@ class Learner:
         self.normalize, self.loss = build(cfg.normalization), build(cfg.loss)
         self.aggregate = build(cfg.aggregation)
         self.micro_batch, self.micro_tokens = cfg.train.micro_batch_size, cfg.train.micro_batch_tokens
+        shape = self.policy.config  # attention's work per squared token, in decoder tokens (ablate/plan.py)
+        self.attention = shape.hidden_size * shape.num_hidden_layers / sum(p.numel() for p in self.policy.parameters())
         if cfg.train.activation_checkpointing:  # recompute each decoder layer in the backward: memory for time
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        scorer = Scorer(self.policy, build(cfg.precision), float(cfg.generation.temperature),
-                        compute_dtype(cfg.model))
+        # a pass's rows packed into one sequence, attention within each row (the default), or side by side, each
+        # padded to the pass's longest (run.packed_rows=false): docs/training.md#packed-rows
+        self.packed = bool(cfg.run.get("packed_rows", True))
+        scorer = (PackedScorer if self.packed else Scorer)(self.policy, build(cfg.precision),
+                                                            float(cfg.generation.temperature), compute_dtype(cfg.model))
         self.scorer = self.ranks.wrap(scorer)
         self.optimizer = torch.optim.AdamW(self.scorer.parameters(), lr=cfg.optim.lr, eps=cfg.optim.eps,
                                            betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay,
@@ -79,13 +88,27 @@ class Learner:
         warmup = max(cfg.optim.warmup_steps, 1)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
 
+    def step_plan(self, lengths: torch.Tensor, trained: torch.Tensor) -> plan.Plan:
+        """The step's plan (ablate/plan.py). Packed, a pass holds up to train.micro_batch_tokens real tokens (0: as
+        many as the padded form's largest pass, micro_batch_size rows of the step's longest, so that the memory
+        estimate of ablate/memory.py bounds both forms); padded, up to micro_batch_size rows and micro_batch_tokens
+        padded tokens."""
+        if self.packed:
+            budget = self.micro_tokens or self.micro_batch * int(lengths.max())
+            return plan.packed(lengths, trained, self.ranks.world, budget, self.attention)
+        return plan.padded(lengths, trained, self.ranks.world, self.micro_tokens, self.micro_batch, self.attention)
+
     def weights(self) -> Weights:
         """The current weights as the generator and validation take them: streamed from the shards, or whole
         (ablate/distributed/layouts.py: Weights); taken after this step, before the next."""
         return Weights(self.ranks, self.policy)
 
     def step(self, ro: Rollouts, rewards: torch.Tensor, keep: torch.Tensor) -> dict:
-        self.ranks.lead_step(ro, rewards, keep)  # FSDP's rank 0: the other ranks take the same step
+        prompt_lengths = ro.prompt_mask.sum(dim=1)
+        trained = (ro.mask & keep.to(ro.mask.device)[:, None]).any(dim=1)
+        planned = self.step_plan(prompt_lengths + ro.lengths, trained)  # the same on every rank: no collective
+        # FSDP's rank 0: the other ranks take the same step, each sent the rows it trains
+        self.ranks.lead_step(ro, rewards, keep, [planned.rows(rank) for rank in range(self.ranks.world)])
         device = next(self.policy.parameters()).device
         ro = ro.to(device)
         rewards, keep = rewards.to(device), keep.to(device)
@@ -98,24 +121,20 @@ class Learner:
         version = self.scheduler.last_epoch  # the weights' version: optimizer steps taken (0: the initial weights)
         own = ((ro.versions == version) | ~mask).all(dim=1) & mask.any(dim=1)  # rows sampled wholly with them
         gap = torch.zeros(2, device=device)  # sum |log pi_train - log pi_gen| over those rows' tokens, and count
-        prompt_lengths = ro.prompt_mask.sum(dim=1)
-        lengths = prompt_lengths + ro.lengths
-        mine = self.ranks.share(lengths, mask.any(dim=1))
-        batches = micro_batches(lengths, mine, self.micro_batch, self.micro_tokens)
-        passes = self.ranks.passes(len(batches))  # as many as the busiest rank: the others' extra ones weigh 0
-        for i in range(passes):
-            rows, scale = (batches[i], 1.0) if i < len(batches) else (torch.zeros(1, dtype=torch.long,
-                                                                                  device=device), 0.0)
+        prompt_lengths = prompt_lengths.to(device)
+        batches = planned.passes[self.ranks.rank]  # every rank as many; an empty one (too few rows) weighs 0
+        for i, batch in enumerate(batches):
+            rows, scale = torch.tensor(batch or [planned.filler], dtype=torch.long, device=device), float(bool(batch))
             P, T = int(prompt_lengths[rows].max()), max(int(ro.lengths[rows].max()), 1)
             prompt = slice(ro.prompt_tokens.shape[1] - P, None)  # prompts are left-padded, completions right-padded
             logp = self.scorer(ro.prompt_tokens[rows, prompt], ro.prompt_mask[rows, prompt], ro.tokens[rows, :T],
                                ro.lengths[rows])
             per_token = self.loss(logp, ro.gen_logprobs[rows, :T], adv[rows], mask[rows, :T])
-            if i < len(batches):
+            if batch:
                 fresh = mask[rows, :T] & own[rows, None]
                 gap += torch.stack([(logp.detach() - ro.gen_logprobs[rows, :T]).abs()[fresh].sum(), fresh.sum()])
             part = (per_token * weights[rows, :T]).sum() * scale
-            self.ranks.sync_gradients(self.scorer, now=i == passes - 1)
+            self.ranks.sync_gradients(self.scorer, now=i == len(batches) - 1)
             part.backward()
             total += part.item()
         total = self.ranks.total(total)
@@ -127,30 +146,12 @@ class Learner:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         metrics = {"loss/policy": total, "train/lr": lr,
-                   "train/adv_abs_mean": float(adv[keep].abs().mean()) if keep.any() else 0.0}
+                   "train/adv_abs_mean": float(adv[keep].abs().mean()) if keep.any() else 0.0,
+                   "perf/learner_token_efficiency": planned.token_efficiency,
+                   "perf/learner_imbalance": planned.imbalance}
         if gap_count:  # tokens sampled with the very weights scored here: the generator's numerics against ours
             metrics["train/logprob_gap"] = gap_sum / gap_count
         return metrics
-
-
-def micro_batches(lengths: torch.Tensor, trained: torch.Tensor, max_rows: int, max_tokens: int = 0
-                  ) -> list[torch.Tensor]:
-    """The rows to train [N] in micro-batches of similar lengths: longest first, each micro-batch at most `max_rows`
-    rows and (when max_tokens > 0) at most about `max_tokens` tokens once padded to its longest row (a row longer than
-    that goes alone). lengths [N]: tokens of each row (prompt + completion); trained [N]: rows with a token in the
-    loss (the others are skipped). Returns index tensors on the rows' device."""
-    order = torch.argsort(lengths, descending=True, stable=True)
-    order = order[trained[order]]
-    batches, start = [], 0
-    for i, size in enumerate(lengths[order].tolist()):
-        if i == start:
-            width = size  # the longest row of the micro-batch: its padded width
-        elif i - start == max_rows or (max_tokens > 0 and (i + 1 - start) * width > max_tokens):
-            batches.append(order[start:i])
-            start, width = i, size
-    if start < len(order):
-        batches.append(order[start:])
-    return batches
 
 
 class PromptSampler:

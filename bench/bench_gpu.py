@@ -150,7 +150,7 @@ def estimate_bytes(cfg, ro: Rollouts) -> float:
     rollouts' largest micro-batch, in bytes (bench/gpu_first.py reads it too)."""
     from ablate import memory
     from ablate.checks import model_shape
-    from ablate.trainer import micro_batches
+    from ablate.plan import micro_batches
 
     lengths = ro.prompt_mask.sum(dim=1) + ro.lengths
     batches = micro_batches(lengths, ro.mask.any(dim=1), cfg.train.micro_batch_size, cfg.train.micro_batch_tokens)

@@ -35,7 +35,8 @@ from ablate.config import compose
 from ablate.policy import build_policy
 from ablate.rl import precision
 from ablate.rollouts import Rollouts
-from ablate.trainer import Learner, micro_batches
+from ablate.plan import micro_batches
+from ablate.trainer import Learner
 from bench_gpu import estimate_bytes
 
 LLAMA3_8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,

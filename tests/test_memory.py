@@ -293,7 +293,7 @@ def test_the_largest_micro_batch_is_the_trainers_largest():
     micro-batch it makes is the figure. Rows of one length are the worst case: a micro-batch is padded to its
     longest row. By hand: 4 rows of 16,384 fill a cap of 65,536 where rows of 16,404 go 3 to one (49,212); a row
     over the cap goes alone; no cap, the row cap alone decides."""
-    from ablate.trainer import micro_batches
+    from ablate.plan import micro_batches
 
     assert memory.largest_micro_batch(8, 65536, 16404) == memory.largest_micro_batch(8, 65536, 16384) == 65536
     assert memory.micro_batch_tokens(8, 65536, 16404) == 3 * 16404  # rows all of the longest length

@@ -32,7 +32,7 @@ from ablate.distributed import groups as process_groups
 from ablate.distributed import signals, topology
 from ablate.config import compose
 from ablate.generators.engine import Engine, Limits, Sequence, decode
-from ablate.distributed.layouts import OneProcess, _dealt
+from ablate.plan import deal
 from ablate.policy import build_policy, weights_in
 from ablate.registry import build
 from ablate.rl.aggregation import token_weights
@@ -193,9 +193,8 @@ def test_the_split_is_real_a_rank_local_aggregation_would_differ(two_ranks):
     cfg = OmegaConf.create(configs[0])
     ro, rewards, keep = _batch(cfg)
     lengths = ro.prompt_mask.sum(1) + ro.lengths
-    shares = [_dealt(lengths, ro.mask.any(1), r, WORLD) for r in range(WORLD)]
+    shares = [deal(lengths, ro.mask.any(1), r, WORLD) for r in range(WORLD)]
     assert not (shares[0] & shares[1]).any() and (shares[0] | shares[1]).equal(ro.mask.any(1))
-    assert OneProcess().share(lengths, ro.mask.any(1)).equal(ro.mask.any(1))
 
     learner = Learner(cfg)
     whole = token_weights(learner.aggregate, ro.mask, ro.group)
@@ -1151,7 +1150,7 @@ def test_a_following_rank_is_sent_its_own_rows_and_the_batch_wide_fields():
 
     ro, _, keep = _batch(OmegaConf.create(_config()), prompts=range(8))
     lengths, trained = ro.prompt_mask.sum(dim=1) + ro.lengths, (ro.mask & keep[:, None]).any(dim=1)
-    rows = torch.nonzero(_dealt(lengths, trained, 1, 2)).squeeze(1)
+    rows = torch.nonzero(deal(lengths, trained, 1, 2)).squeeze(1)
     share = ro.rows_only(rows)
     assert share.tokens.shape[0] == len(rows) == ro.n // 2 and share.mask.shape == ro.mask.shape
     again = share.expanded(rows)

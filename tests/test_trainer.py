@@ -12,7 +12,8 @@ from omegaconf import OmegaConf
 from ablate import tracking
 from ablate.config import compose
 from ablate.registry import build
-from ablate.trainer import Learner, micro_batches, train
+from ablate.plan import micro_batches
+from ablate.trainer import Learner, train
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 pytestmark = pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")

@@ -20,16 +20,6 @@ from ablate.distributed.leader import Leader
 SHARDS = "learner-{tag}"  # the DCP folder of a checkpoint, beside its payload
 
 
-def _dealt(lengths: torch.Tensor, trained: torch.Tensor, rank: int, world: int) -> torch.Tensor:
-    """The trained rows dealt to `rank` of `world` (a mask [N]): by length, longest first, round robin, so that
-    every rank gets rows of every length and about the same number of tokens."""
-    order = torch.argsort(lengths, descending=True, stable=True)
-    order = order[trained[order]]
-    mine = torch.zeros_like(trained)
-    mine[order[rank::world]] = True
-    return mine
-
-
 def _norms(layer: torch.nn.Module) -> list[torch.nn.Module]:
     """A decoder layer's norms: its leaf modules whose parameters are all vectors (RMSNorm's, LayerNorm's weight and
     bias), which compute in fp32 whatever the compute dtype."""
@@ -48,13 +38,6 @@ class OneProcess:
 
     def wrap(self, scorer: torch.nn.Module) -> torch.nn.Module:
         return scorer
-
-    def share(self, lengths: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
-        return trained
-
-    def passes(self, count: int) -> int:
-        """Forward/backward passes this step: here, one per micro-batch."""
-        return count
 
     def total(self, value: float) -> float:
         return value
@@ -97,9 +80,9 @@ class OneProcess:
 class FSDP:
     """Data parallel over the trainer ranks' process group with FSDP2 (torch.distributed.fsdp.fully_shard).
 
-    Rows are dealt to the ranks by length (`_dealt`); every rank then runs as many forward/backward passes as the
-    busiest one (FSDP's all-gathers and reduce-scatters pair up across ranks), a rank with fewer micro-batches
-    running a pass whose loss is weighted 0. Gradients are summed over the ranks in fp32 by reduce-scatter: after
+    The learner's plan (ablate/plan.py) deals the rows to the ranks, every rank running the same number of
+    forward/backward passes (FSDP's all-gathers and reduce-scatters pair up across ranks; a pass with no rows, where
+    there are too few, has its loss weighted 0). Gradients are summed over the ranks in fp32 by reduce-scatter: after
     every pass into the shards (`sharded_gradients`, the default: a rank holds 4N/ranks bytes of gradients), or
     once, after the step's last pass (FSDP2 then accumulates a whole fp32 gradient on every rank, 4N bytes, for one
     collective a step instead of one a pass). In bf16 compute the decoder layers are gathered in bf16, their norms
@@ -158,12 +141,6 @@ class FSDP:
             group.set_force_sum_reduction_for_comms(True)  # as plain SUM (gloo has no pre-multiplied sum)
         return scorer
 
-    def share(self, lengths: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
-        return _dealt(lengths, trained, self.rank, self.world)
-
-    def passes(self, count: int) -> int:
-        return int(self._reduce(float(count), "MAX"))
-
     def total(self, value: float) -> float:
         return self._reduce(value, "SUM")
 
@@ -186,16 +163,15 @@ class FSDP:
                 total += sum(g.numel() * g.element_size() for g in held if g is not None)
         return total
 
-    def lead_step(self, ro, rewards: torch.Tensor, keep: torch.Tensor) -> None:
-        """Rank 0, before a learner step: each other rank is sent the rows it will train (`share`, as it will deal
-        them itself) and the batch-wide fields, and steps on the batch they make again (Rollouts.expanded)."""
+    def lead_step(self, ro, rewards: torch.Tensor, keep: torch.Tensor, rows: list[list[int]]) -> None:
+        """Rank 0, before a learner step: each other rank r is sent the rows it will train (`rows[r]`, as its own
+        plan will deal them) and the batch-wide fields, and steps on the batch they make again (Rollouts.expanded)."""
         if not self.leader.leads:
             return
-        lengths, trained = ro.prompt_mask.sum(dim=1) + ro.lengths, (ro.mask & keep[:, None]).any(dim=1)
         shares = [None]
         for rank in range(1, self.world):
-            rows = torch.nonzero(_dealt(lengths, trained, rank, self.world)).squeeze(1)
-            shares.append((ro.rows_only(rows), rows, rewards, keep))
+            mine = torch.tensor(rows[rank], dtype=torch.long, device=ro.mask.device)
+            shares.append((ro.rows_only(mine), mine, rewards, keep))
         self.leader.step(shares)
 
     def gathered(self, policy: torch.nn.Module) -> torch.nn.Module | None:
