@@ -389,18 +389,35 @@ def layout_memory(cfg: DictConfig, gpu_gb: float, tokenizer=None) -> list:
     row_tokens = memory.longest_row(cfg.generation, phrase_tokens=phrase_tokens(cfg, tokenizer))
     tokens = memory.largest_micro_batch(int(cfg.train.micro_batch_size), int(cfg.train.micro_batch_tokens or 0),
                                         row_tokens)
-    rank = dict(ranks=n, micro_tokens=tokens, checkpointing=bool(cfg.train.activation_checkpointing),
-                compute=compute, head=head, sharded_gradients=bool(cfg.run.get("sharded_gradients", True)))
+    rank = dict(ranks=n, micro_tokens=tokens, compute=compute, head=head,
+                sharded_gradients=bool(cfg.run.get("sharded_gradients", True)))
     generator = get_object(str(cfg.generator._target_))
-    first = memory.trainer(shape, **rank, name="trainer rank 0")
+    beside = {}  # trainer rank 0's engine, where it has no process of its own
     if not g:
         if n > 1:  # FSDP's rank 0 keeps the policy whole for the engine beside it and validation (layouts.FSDP)
-            first.bytes["whole copy of the policy (fp32)"] = 4 * shape.params
-        first.bytes.update(generator.engine_memory(cfg, shape, gpu_gb * memory.GB, processes=0,
-                                                   row_tokens=row_tokens))
-    processes = [first]
-    if n > 1:
-        processes.append(memory.trainer(shape, **rank, name="each other trainer rank"))
+            beside["whole copy of the policy (fp32)"] = 4 * shape.params
+        beside.update(generator.engine_memory(cfg, shape, gpu_gb * memory.GB, processes=0, row_tokens=row_tokens))
+
+    def trainers(checkpointed: int) -> list:
+        first = memory.trainer(shape, **rank, checkpointing=checkpointed, name="trainer rank 0")
+        first.bytes.update(beside)
+        if n == 1:
+            return [first]
+        return [first, memory.trainer(shape, **rank, checkpointing=checkpointed, name="each other trainer rank")]
+
+    setting = cfg.train.activation_checkpointing
+    if setting == "auto":  # the fewest layers recomputed for the trainers to fit, with a margin
+        checkpointed, fits = memory.fewest_checkpointed(
+            shape.layers, lambda k: max(p.total for p in trainers(k)), gpu_gb * memory.GB)
+        why = (f"auto: the fewest that fit {gpu_gb:g} GB with {memory.AUTO_MARGIN:.0%} to spare" if fits else
+               f"auto: the least memory, and no count fits {gpu_gb:g} GB with {memory.AUTO_MARGIN:.0%} to spare")
+    else:
+        checkpointed = memory.checkpointed_layers(setting, shape.layers)
+        why = f"train.activation_checkpointing={str(setting).lower()}"
+    processes = trainers(checkpointed)
+    for process in processes:
+        if setting is not False:
+            process.note = f"activation checkpointing: {checkpointed} of {shape.layers} layers ({why})"
     if g:  # vLLM's share, unset, is sized to the room the rest leaves (at its least when even that is too little)
         sized = (memory.VLLM_SHARE,) if cfg.generator.get("gpu_memory_utilization", 0) is None else ()
         processes.append(memory.Process("each engine process",
@@ -448,5 +465,13 @@ def check_memory(cfg: DictConfig, gpu_gb: float | None, tokenizer=None) -> list:
         if process.total > gpu_gb * 1e9:
             layout = layout_name(int(cfg.run.trainer_gpus), int(cfg.run.get("generator_gpus", 0)))
             raise ValueError(f"{layout} does not fit a GPU of {gpu_gb:g} GB (launcher.gpu_memory_gb): "
-                             f"{process.overflow(gpu_gb * 1e9)}; by the memory model, docs/design.md#the-memory-model")
+                             f"{process.overflow(gpu_gb * 1e9)}" + (f"; {process.note}" if process.note else "")
+                             + "; by the memory model, docs/design.md#the-memory-model")
     return processes
+
+
+def auto_checkpointed(cfg: DictConfig, gpu_gb: float | None, tokenizer=None) -> int:
+    """The decoder layers the learner recomputes in the backward under train.activation_checkpointing=auto: the
+    fewest the memory model needs on a GPU of `gpu_gb` GB (`layout_memory`, as the check before submit says it);
+    none with no GPU to fit."""
+    return layout_memory(cfg, gpu_gb, tokenizer)[0].checkpointed if gpu_gb else 0

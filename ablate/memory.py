@@ -8,6 +8,7 @@ measured peak.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 GB = 1e9
@@ -80,6 +81,43 @@ def layer_activation_bytes(shape: Shape, compute: int) -> int:
     return 30 * h + 4 * kv + 8 * i + 4 * heads + 8
 
 
+def checkpointed_layers(setting, layers: int) -> int:
+    """The decoder layers train.activation_checkpointing recomputes, given as a bool (true: every layer, false:
+    none) or a count of them (the first that many); "auto" is sized by the layout (`fewest_checkpointed`)."""
+    if isinstance(setting, bool):
+        return layers if setting else 0
+    if isinstance(setting, int) and 0 <= setting <= layers:
+        return setting
+    raise ValueError(f"train.activation_checkpointing={setting!r}: true, false, auto or a count of decoder layers "
+                     f"from 0 to the model's {layers}")
+
+
+def activation_bytes(shape: Shape, *, checkpointed: int, compute: int) -> int:
+    """Bytes per token the decoder's activations hold at a micro-batch's peak with its first `checkpointed` layers
+    recomputed in the backward: a recomputed layer keeps its fp32 input (4h), a kept one its whole set
+    (`layer_activation_bytes`). The backward reaches the recomputed layers last, once the kept layers' sets are
+    freed, and holds one layer's set more while it recomputes it: with a layer kept that is below the peak at the
+    backward's start, with none (every layer recomputed) it adds a layer's set. So keeping the last layer costs
+    nothing: k of L layers recomputed hold 4hk + (L - k) x the set, every layer 4hL + the set
+    (docs/design.md#the-memory-model)."""
+    kept = shape.layers - checkpointed
+    return 4 * shape.hidden * checkpointed + max(kept, 1 if checkpointed else 0) * layer_activation_bytes(shape,
+                                                                                                        compute)
+
+
+AUTO_MARGIN = 0.05  # the share of a GPU that train.activation_checkpointing=auto leaves beside the estimate
+
+
+def fewest_checkpointed(layers: int, peak: Callable[[int], float], gpu_bytes: float) -> tuple[int, bool]:
+    """train.activation_checkpointing=auto: the fewest of `layers` decoder layers to recompute for the estimated
+    peak (`peak(k)`, bytes with k recomputed) to fit a GPU of `gpu_bytes` with `AUTO_MARGIN` of it left over, and
+    True; where no count fits, the count of the least peak (every layer but the last, `activation_bytes`) and
+    False."""
+    counts = range(layers + 1)
+    fits = [k for k in counts if peak(k) <= (1 - AUTO_MARGIN) * gpu_bytes]
+    return (fits[0], True) if fits else (min(counts, key=peak), False)
+
+
 def kv_bytes_per_token(shape: Shape, compute: int) -> int:
     """A KV cache's bytes per token: K and V of every layer."""
     return 2 * shape.layers * shape.kv_dim * compute
@@ -88,7 +126,8 @@ def kv_bytes_per_token(shape: Shape, compute: int) -> int:
 # the setting that gives back a part's room, for the memory check's refusal (Process.overflow); the parts not here
 # are fixed by the model's shape and the layout
 SHRINKS = {
-    "activations": "lower train.micro_batch_tokens (and set train.activation_checkpointing=true if it is not)",
+    "activations": "lower train.micro_batch_tokens (and recompute more layers, train.activation_checkpointing=auto "
+                   "or true, if it does not)",
     "weights, gradients and AdamW state": "shard them over more trainer ranks (run=fsdp, run.trainer_gpus)",
     "whole fp32 gradient (run.sharded_gradients=false)": "set run.sharded_gradients=true",
     "whole copy of the policy (fp32)": "give the engines processes of their own (run.generator_gpus >= 1)",
@@ -110,6 +149,8 @@ class Process:
     name: str  # "trainer rank 0", "a trainer rank", "an engine process"
     bytes: dict[str, float] = field(default_factory=dict)
     sized: tuple[str, ...] = ()
+    checkpointed: int = 0  # a trainer's decoder layers recomputed in the backward
+    note: str = ""  # said after its parts: "activation checkpointing: 12 of 32 layers (...)"
 
     @property
     def total(self) -> float:
@@ -123,7 +164,7 @@ class Process:
         """'trainer rank 0: ~61 GB of 80 (weights, gradients and AdamW state 32, activations 20, ...)'."""
         of = f" of {gpu_gb:g}" if gpu_gb else ""
         parts = ", ".join(f"{name} {b / GB:,.1f}" for name, b in self.parts if b >= 0.05 * GB or len(self.bytes) < 3)
-        return f"{self.name}: ~{self.total / GB:,.1f} GB{of} ({parts})"
+        return f"{self.name}: ~{self.total / GB:,.1f} GB{of} ({parts})" + (f"; {self.note}" if self.note else "")
 
     def takes_the_room(self) -> tuple[str, float]:
         """The part that takes the room when the process does not fit: the largest a setting can shrink
@@ -206,16 +247,16 @@ def head_backward(shape: Shape, *, micro_tokens: float, compute: int, head: int,
     return parts
 
 
-def trainer(shape: Shape, *, ranks: int, micro_tokens: float, checkpointing: bool, compute: int, head: int,
+def trainer(shape: Shape, *, ranks: int, micro_tokens: float, checkpointing: bool | int, compute: int, head: int,
             sharded_gradients: bool = True, name: str = "a trainer rank") -> Process:
     """A trainer rank at its peak, the start of the backward of a micro-batch of `micro_tokens` tokens: fp32
     masters, AdamW's two moments and the fp32 gradients, sharded over `ranks`; under FSDP (ranks > 1) two layers
     gathered in the compute dtype and one layer's gradients before their reduce-scatter (and its fp32 copy for it),
     the root gathered in fp32 with the gradients of its embeddings and norm (the head's is the accumulator of
     `head_backward`), and (run.sharded_gradients=false) a whole fp32 gradient; in one process in bf16, autocast's
-    copies of the matmuls' weights; the activations (with activation checkpointing every layer's fp32 input and one
-    layer recomputed whole); the LM head's fp32 inputs (the final norm's output) and its backward
-    (`head_backward`; `head` bytes a float of its logits)."""
+    copies of the matmuls' weights; the activations (`activation_bytes`; `checkpointing`: every layer recomputed,
+    none, or a count of the first layers, `checkpointed_layers`); the LM head's fp32 inputs (the final norm's
+    output) and its backward (`head_backward`; `head` bytes a float of its logits)."""
     n = shape.params
     p = Process(name)
     p.bytes["weights, gradients and AdamW state"] = 16 * n / ranks
@@ -227,9 +268,8 @@ def trainer(shape: Shape, *, ranks: int, micro_tokens: float, checkpointing: boo
             p.bytes["whole fp32 gradient (run.sharded_gradients=false)"] = 4 * n
     elif compute < 4:
         p.bytes["autocast's copies of the weights"] = compute * shape.layers * shape.layer_matmul_params
-    per_layer = layer_activation_bytes(shape, compute)
-    kept = shape.layers * 4 * shape.hidden + per_layer if checkpointing else shape.layers * per_layer
-    p.bytes["activations"] = micro_tokens * kept
+    p.checkpointed = checkpointed = checkpointed_layers(checkpointing, shape.layers)
+    p.bytes["activations"] = micro_tokens * activation_bytes(shape, checkpointed=checkpointed, compute=compute)
     # the head's inputs, the final norm's output over the fp32 residual stream, kept for its backward
     p.bytes["LM head's inputs"] = micro_tokens * shape.hidden * 4
     p.bytes.update(head_backward(shape, micro_tokens=micro_tokens, compute=compute, head=head))

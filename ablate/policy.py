@@ -274,6 +274,21 @@ class Scorer(torch.nn.Module):
                                    temperature=self.temperature, compute_dtype=self.compute_dtype)
 
 
+def compile_layers(model: torch.nn.Module, on: bool | None = None, **options) -> torch.nn.Module:
+    """`model` with each decoder layer compiled in place (`torch.nn.Module.compile`: its names, its state dict and its
+    hooks as they were), with dynamic shapes: a pass of new lengths reuses the layer's graphs instead of compiling its
+    own. on=None: where it runs on CUDA (on the CPU every test's model would wait on the compiler). `options` go to
+    torch.compile (a test's `backend`). In place before FSDP2 wraps the layers (as torchtitan orders them: FSDP2's hooks
+    run eagerly around the compiled layer) and under activation checkpointing, which recomputes the compiled layer:
+    docs/training.md#a-compiled-decoder."""
+    if on is None:
+        on = next(model.parameters()).is_cuda
+    if on:
+        for layer in model.get_decoder().layers:
+            layer.compile(**{"dynamic": True, **options})
+    return model
+
+
 # ------------------------------------------------------------------------------------------------- packed rows
 PACKED = "ablate_packed"  # `packed_attention` registers its functions as PACKED + "_over_" + the model's own
 
@@ -301,11 +316,14 @@ def _varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds:
                        enable_gqa=key.shape[1] != query.shape[1])
 
 
+@torch.compiler.disable  # eager in a compiled layer (`compile_layers`): one graph break, not a loop unrolled per row
 def _by_row(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds: torch.Tensor, longest: int,
             scale: float | None) -> torch.Tensor:
     """`_varlen`'s result where it cannot run (the CPU; fp32 compute): SDPA on each row's slice, causal with no mask,
     K/V repeated to the query's heads (the memory-efficient kernel's case in fp32: `_sdpa_linear`), so that memory
-    stays linear in the row's tokens. Flex attention with a document mask has no backward on the CPU in torch 2.13."""
+    stays linear in the row's tokens. Flex attention with a document mask has no backward on the CPU in torch 2.13.
+    Never traced by torch.compile: its rows' bounds read to the host would break the graph there anyway, and a
+    traced loop over them would be specialized to the pass's number of rows (a recompile for each)."""
     groups = query.shape[1] // key.shape[1]
     edges = bounds.tolist()
     out = [torch.nn.functional.scaled_dot_product_attention(

@@ -287,7 +287,9 @@ class Train:
     log_every: int = 1  # metric points are buffered and flushed in batches; this thins them
     micro_batch_size: int = 8  # rows per forward/backward (gradients accumulate over a step's micro-batches)
     micro_batch_tokens: int = 0  # and at most about this many tokens, padded (0: rows alone decide)
-    activation_checkpointing: bool = False  # recompute each decoder layer in the backward: less memory, more time
+    # recompute decoder layers in the backward, less memory for more time: true every layer, false none, a count the
+    # first that many, auto the fewest that the memory model needs for the GPU (docs/design.md#the-memory-model)
+    activation_checkpointing: bool | int | str = False
     checkpoint_every: int = 100  # steps; a killed or preempted run resumes from its last checkpoint
     # > 0: compute/gpu_hours counts each step's FLOPs at this many TFLOP/s per device (reproducible on a shared
     # machine); 0: every device the job holds x wall-clock time (the paper's GPU-hours)
@@ -321,6 +323,11 @@ class Run:
     # a learner's pass: its rows packed into one sequence, attention within each row, no padding (varlen attention
     # on a GPU); false: side by side, each padded to the pass's longest (docs/training.md#packed-rows)
     packed_rows: bool = True
+    # each decoder layer through torch.compile, dynamic shapes (ablate/policy.py: compile_layers); unset: on where
+    # the weights are on CUDA, off on the CPU, where compiling every test's model would slow the suite (the tests
+    # of it set it: tests/test_compile.py). Off until a lent GPU has run it with FSDP2 and varlen attention
+    # (docs/training.md#a-compiled-decoder): true turns it on
+    compile_layers: Optional[bool] = False
     # dense bf16 TFLOP/s of one trainer GPU (an H100's: 989); > 0 logs perf/trainer_mfu each step
     peak_tflops: float = 0.0
     # the control plane (gloo, whatever the device): how long a trainer rank or an engine process waits for rank 0's

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import shutil
 import signal
 import sys
@@ -31,7 +32,7 @@ from ablate.generators.base import Interrupted, capabilities
 from ablate.distributed.groups import Groups
 from ablate.distributed.layouts import SHARDS, OneProcess, Weights
 from ablate import plan
-from ablate.policy import PackedScorer, Scorer, build_policy, build_tokenizer, compute_dtype
+from ablate.policy import PackedScorer, Scorer, build_policy, build_tokenizer, compile_layers, compute_dtype
 from ablate.registry import build
 from ablate.rl.aggregation import token_weights
 from ablate.rollouts import Rollouts
@@ -43,6 +44,30 @@ from ablate.tracking import RunLogger
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int, dict], None]  # (step, total steps, metrics of the step)
+
+
+def checkpoint_layers(policy: torch.nn.Module, cfg: DictConfig) -> int:
+    """Recompute the first of the policy's decoder layers in the backward, as many as train.activation_checkpointing
+    says (true: all, false: none, a count; auto: the fewest the memory model needs on this job's GPU, as the check
+    before submit said, ablate.checks.auto_checkpointed), keeping the others' activations: transformers' flag on
+    each decoder layer (GradientCheckpointingLayer). The first, as the backward reaches them last, once the kept
+    layers' activations are freed (docs/design.md#the-memory-model). Returns how many."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    from ablate import checks, memory
+
+    layers = [module for module in policy.modules() if isinstance(module, GradientCheckpointingLayer)]
+    setting = cfg.train.activation_checkpointing
+    if setting == "auto":
+        on_slurm = "SLURM_JOB_ID" in os.environ  # launcher.gpu_memory_gb, else what the pre-flight took the GPU for
+        count = checks.auto_checkpointed(cfg, checks.gpu_memory_gb(cfg, "slurm" if on_slurm else "local"))
+    else:
+        count = memory.checkpointed_layers(setting, len(layers))
+    if count:
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        for i, layer in enumerate(layers):
+            layer.gradient_checkpointing = i < count
+    return count
 
 
 class Learner:
@@ -74,11 +99,11 @@ class Learner:
         self.micro_batch, self.micro_tokens = cfg.train.micro_batch_size, cfg.train.micro_batch_tokens
         shape = self.policy.config  # attention's work per squared token, in decoder tokens (ablate/plan.py)
         self.attention = shape.hidden_size * shape.num_hidden_layers / sum(p.numel() for p in self.policy.parameters())
-        if cfg.train.activation_checkpointing:  # recompute each decoder layer in the backward: memory for time
-            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.checkpointed = checkpoint_layers(self.policy, cfg)  # recompute decoder layers: memory for time
         # a pass's rows packed into one sequence, attention within each row (the default), or side by side, each
         # padded to the pass's longest (run.packed_rows=false): docs/training.md#packed-rows
         self.packed = bool(cfg.run.get("packed_rows", True))
+        compile_layers(self.policy, cfg.run.get("compile_layers"))  # in place, before FSDP2 wraps the layers
         scorer = (PackedScorer if self.packed else Scorer)(self.policy, build(cfg.precision),
                                                             float(cfg.generation.temperature), compute_dtype(cfg.model))
         self.scorer = self.ranks.wrap(scorer)

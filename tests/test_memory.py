@@ -307,3 +307,124 @@ def test_the_largest_micro_batch_is_the_trainers_largest():
                 batches = micro_batches(lengths, torch.ones(k, dtype=torch.bool), rows, cap)
                 packed = max(packed, *(len(batch) * width for batch in batches))
         assert memory.largest_micro_batch(rows, cap, longest) == packed, (rows, cap, longest)
+
+
+def test_selective_checkpointing_by_hand():
+    """train.activation_checkpointing as a count k of the first decoder layers recomputed: each keeps its fp32 input,
+    4h bytes a token; each kept layer its whole set P (bf16: 30h + 4 kv_dim + 8I + 4 heads + 8). The shape of
+    tests/test_compute.py at 4 layers, h 8: 4h = 32, P = 400. The recomputed layers come first, so the backward
+    reaches them once the kept layers' sets are freed, holding one set while it recomputes: k = 0..3 hold 4 x 400 =
+    1,600, 32 + 3 x 400 = 1,232, 64 + 800 = 864, 96 + 400 = 496 bytes a token; k = 4 (true) 128 + one set, 528, more
+    than k = 3: keeping the last layer costs nothing. Auto on a GPU of 1,000,000 bytes at 1,000 tokens, 5% to spare
+    (950,000): 2 layers (864,000 fits, 1,232,000 does not); on 500,000 (475,000) none fits, and auto takes the
+    least, 3 of 4 (496,000), saying so."""
+    shape = memory.Shape(layers=4, hidden=8, intermediate=16, heads=2, kv_heads=1, vocab=10)
+    per_token = [memory.activation_bytes(shape, checkpointed=k, compute=2) for k in range(5)]
+    assert per_token == [1600, 1232, 864, 496, 528]
+    assert per_token[0] == 4 * memory.layer_activation_bytes(shape, 2)  # none: today's false
+    for setting, k in [(False, 0), (True, 4), (0, 0), (3, 3)]:
+        assert memory.trainer(shape, ranks=4, micro_tokens=1e6, checkpointing=setting, compute=2,
+                              head=4).bytes["activations"] == 1e6 * per_token[k]
+    assert memory.trainer(shape, ranks=4, micro_tokens=1, checkpointing=3, compute=2, head=4).checkpointed == 3
+    peak = lambda k: 1000 * per_token[k]  # noqa: E731
+    assert memory.AUTO_MARGIN == 0.05
+    assert memory.fewest_checkpointed(4, peak, 1_000_000) == (2, True)
+    assert memory.fewest_checkpointed(4, peak, 500_000) == (3, False)
+    assert memory.fewest_checkpointed(4, peak, 2_000_000) == (0, True)
+    for bad in (5, -1, "sometimes", 2.5):
+        with pytest.raises(ValueError, match=f"train.activation_checkpointing={bad!r}: true, false, auto or a count "
+                                             "of decoder layers from 0 to the model's 4"):
+            memory.checkpointed_layers(bad, 4)
+
+
+def test_the_paper_trainers_auto_checkpointing_by_hand(llama_8b, llama_tokenizer):
+    """experiment=paper_8b with train.activation_checkpointing=auto on an "80 GB" H100 (85 GB as reported; 5% to
+    spare: 80.75 GB). At 16,384 tokens a micro-batch a row of 16,404 tokens (the interruption's phrase included) goes
+    alone; its parts beside the activations come to 21,127,385,088 bytes whatever the count; P = 30 x 4,096 + 4 x
+    1,024 + 8 x 14,336 + 4 x 32 + 8 = 241,800 bytes a token a kept layer, 4h = 16,384 a recomputed one: k of 32
+    recomputed hold 16,404 x (7,737,600 - 225,416 k). k = 18: 16,404 x 3,680,112 = 60,368,557,248, 81.5 GB in all,
+    over; k = 19: 16,404 x 3,454,696 = 56,670,833,184, 77.8 GB: 19 of 32, 13 layers no longer recomputed. At 65,536
+    tokens, where every layer is recomputed today (73.3 GB), auto keeps the last: 65,536 x (31 x 16,384 + 241,800)
+    = 49,132,601,344, 1.07 GB less. On 60 GB even that does not fit, and the refusal says so."""
+    from ablate.checks import check_memory
+
+    def auto(gpu_gb: float, *overrides: str) -> list:
+        return check_memory(compose(["experiment=paper_8b", f"model.path={llama_8b}",
+                                     "train.activation_checkpointing=auto", *overrides]), gpu_gb, llama_tokenizer)
+
+    first, other, _ = auto(85.0, "train.micro_batch_tokens=16384")
+    assert first.checkpointed == other.checkpointed == 19
+    assert first.bytes["activations"] == 16_404 * (7_737_600 - 225_416 * 19) == 56_670_833_184
+    rest = first.total - first.bytes["activations"]
+    assert rest == pytest.approx(21_127_385_088)
+    assert rest + 16_404 * (7_737_600 - 225_416 * 18) > 0.95 * 85e9 >= first.total
+    line = first.describe(85.0)
+    assert line.startswith("trainer rank 0: ~77.8 GB of 85 (activations 56.7, ")
+    assert line.endswith("; activation checkpointing: 19 of 32 layers (auto: the fewest that fit 85 GB with 5% to "
+                         "spare)"), line
+    first, *_ = auto(85.0)
+    assert first.checkpointed == 31 and first.bytes["activations"] == 65_536 * (31 * 16_384 + 241_800)
+    every, *_ = check_memory(compose(["experiment=paper_8b", f"model.path={llama_8b}"]), 85.0, llama_tokenizer)
+    assert every.checkpointed == 32 and every.total - first.total == 65_536 * 16_384
+    assert every.describe(85.0).endswith("; activation checkpointing: 32 of 32 layers "
+                                         "(train.activation_checkpointing=true)")
+    with pytest.raises(ValueError) as refused:
+        auto(60.0)
+    assert str(refused.value).endswith("; activation checkpointing: 31 of 32 layers (auto: the least memory, and no "
+                                       "count fits 60 GB with 5% to spare); by the memory model, "
+                                       "docs/design.md#the-memory-model"), str(refused.value)
+    assert "the part that takes the room: activations, 49.1 GB; lower train.micro_batch_tokens" in str(refused.value)
+
+
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
+def test_the_learner_recomputes_exactly_the_chosen_layers_and_the_gradient_is_unchanged():
+    """A 4-layer tiny Llama, train.activation_checkpointing=2: the first two decoder layers run their forward twice
+    a pass (once more in the backward, recomputed), the last two once; the gradient equals the one with nothing
+    recomputed within fp32 rounding. With auto, the learner takes the count that the check before submit gives for
+    launcher.gpu_memory_gb (here a GPU sized so that 2 layers fit with 5% to spare and 1 does not)."""
+    from omegaconf import OmegaConf
+
+    from ablate.checks import layout_memory
+    from ablate.registry import build
+    from ablate.trainer import Learner, checkpoint_layers
+
+    plain = OmegaConf.create(OmegaConf.to_container(compose(["generator=mock", "model.num_layers=4"]), resolve=True,
+                                                    enum_to_str=True))
+    ro = build(plain.generator, cfg=plain).rollouts(list(range(2)), 0, compute=2000.0)
+    rewards = torch.arange(ro.n, dtype=torch.float32) % 3
+
+    def step(setting) -> tuple[Learner, list[int], torch.Tensor]:
+        """A learner's step with its optimizer held (the gradient kept), and its layers' forward calls."""
+        learner = Learner(OmegaConf.merge(plain, {"train": {"activation_checkpointing": setting}}))
+        calls = [0] * len(learner.policy.model.layers)
+
+        def counted(i, forward):
+            def forward_counted(*args, **kwargs):
+                calls[i] += 1
+                return forward(*args, **kwargs)
+            return forward_counted
+
+        for i, layer in enumerate(learner.policy.model.layers):  # the recompute's calls too (no module hook fires)
+            layer.forward = counted(i, layer.forward)
+        learner.optimizer.step = lambda: None
+        learner.optimizer.zero_grad = lambda set_to_none=True: None
+        learner.step(ro, rewards, torch.ones(ro.n, dtype=torch.bool))
+        return learner, calls, torch.cat([p.grad.flatten() for p in learner.policy.parameters()])
+
+    two, calls, gradient = step(2)
+    passes = calls[3]
+    assert two.checkpointed == 2 and passes >= 1 and calls == [2 * passes, 2 * passes, passes, passes]
+    assert [layer.gradient_checkpointing for layer in two.policy.model.layers] == [True, True, False, False]
+    none, calls, plain_gradient = step(False)
+    assert none.checkpointed == 0 and not none.policy.is_gradient_checkpointing and calls == [passes] * 4
+    assert gradient.abs().sum() > 0
+    torch.testing.assert_close(gradient, plain_gradient)
+
+    def peak(setting) -> float:
+        return layout_memory(OmegaConf.merge(plain, {"train": {"activation_checkpointing": setting}}), 1.0)[0].total
+
+    assert peak(0) > peak(1) > peak(2)
+    auto = OmegaConf.merge(plain, {"train": {"activation_checkpointing": "auto"},
+                                   "launcher": {"gpu_memory_gb": peak(2) / 0.95 / 1e9}})
+    assert checkpoint_layers(none.policy, auto) == 2
+    assert [layer.gradient_checkpointing for layer in none.policy.model.layers] == [True, True, False, False]
