@@ -320,9 +320,10 @@ class Run:
     # FSDP: each pass's gradients reduce-scattered into the shards (4N/ranks bytes a rank); false: accumulated whole
     # on every rank (4N bytes: 32 GB at 8B) and reduce-scattered once a step, one collective instead of one a pass
     sharded_gradients: bool = True
-    # a learner's pass: its rows packed into one sequence, attention within each row, no padding (varlen attention
-    # on a GPU); false: side by side, each padded to the pass's longest (docs/training.md#packed-rows)
-    packed_rows: bool = True
+    # a learner's pass: its rows packed into one sequence, attention within each row, no padding; false: side by
+    # side, each padded to the pass's longest; unset: packed where torch's varlen attention runs (CUDA, bf16 compute),
+    # per row elsewhere, where the packed form's attention is a loop over rows (docs/training.md#packed-rows)
+    packed_rows: Optional[bool] = None
     # each decoder layer through torch.compile, dynamic shapes (ablate/policy.py: compile_layers); unset: on where
     # the weights are on CUDA, off on the CPU, where compiling every test's model would slow the suite (the tests
     # of it set it: tests/test_compile.py). Off until a lent GPU has run it with FSDP2 and varlen attention

@@ -32,7 +32,8 @@ from ablate.generators.base import Interrupted, capabilities
 from ablate.distributed.groups import Groups
 from ablate.distributed.layouts import SHARDS, OneProcess, Weights
 from ablate import plan
-from ablate.policy import PackedScorer, Scorer, build_policy, build_tokenizer, compile_layers, compute_dtype
+from ablate.policy import (PackedScorer, Scorer, build_policy, build_tokenizer, compile_layers, compute_dtype,
+                           packs_rows)
 from ablate.registry import build
 from ablate.rl.aggregation import token_weights
 from ablate.rollouts import Rollouts
@@ -100,9 +101,10 @@ class Learner:
         shape = self.policy.config  # attention's work per squared token, in decoder tokens (ablate/plan.py)
         self.attention = shape.hidden_size * shape.num_hidden_layers / sum(p.numel() for p in self.policy.parameters())
         self.checkpointed = checkpoint_layers(self.policy, cfg)  # recompute decoder layers: memory for time
-        # a pass's rows packed into one sequence, attention within each row (the default), or side by side, each
-        # padded to the pass's longest (run.packed_rows=false): docs/training.md#packed-rows
-        self.packed = bool(cfg.run.get("packed_rows", True))
+        # a pass's rows packed into one sequence, attention within each row, or side by side, each padded to the
+        # pass's longest (run.packed_rows; unset: packed where varlen attention runs): docs/training.md#packed-rows
+        self.packed = packs_rows(cfg.run.get("packed_rows"), next(self.policy.parameters()).device,
+                                 compute_dtype(cfg.model))
         compile_layers(self.policy, cfg.run.get("compile_layers"))  # in place, before FSDP2 wraps the layers
         scorer = (PackedScorer if self.packed else Scorer)(self.policy, build(cfg.precision),
                                                             float(cfg.generation.temperature), compute_dtype(cfg.model))

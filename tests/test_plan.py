@@ -173,10 +173,12 @@ def test_the_learner_steps_on_the_plan_and_logs_its_figures():
     assert metrics["perf/learner_imbalance"] == 0.0  # one rank
 
 
-def test_the_learner_packs_its_rows_by_default_up_to_the_padded_forms_largest_pass():
-    """By default (run.packed_rows) a pass holds up to train.micro_batch_tokens real tokens, or with none set, as many
-    as the padded form's largest pass: micro_batch_size rows of the step's longest. Every token computed is real."""
-    cfg = OmegaConf.create(OmegaConf.to_container(compose(["generator=mock", "train.micro_batch_size=4"]),
+def test_the_learner_packs_its_rows_up_to_the_padded_forms_largest_pass():
+    """Packed (run.packed_rows=true), a pass holds up to train.micro_batch_tokens real tokens, or with none set, as
+    many as the padded form's largest pass: micro_batch_size rows of the step's longest. Every token computed is
+    real."""
+    cfg = OmegaConf.create(OmegaConf.to_container(compose(["generator=mock", "train.micro_batch_size=4",
+                                                           "run.packed_rows=true"]),
                                                   resolve=True, enum_to_str=True))
     ro = build(cfg.generator, cfg=cfg).rollouts(list(range(8)), 0, compute=2000.0)
     rewards, keep = torch.arange(ro.n, dtype=torch.float32) % 3, ALL(ro.n)
@@ -191,3 +193,16 @@ def test_the_learner_packs_its_rows_by_default_up_to_the_padded_forms_largest_pa
     assert sum(calls) == int(ro.mask.any(1).sum())  # every trained row once
     assert len(calls) <= math.ceil(int(ro.mask.any(1).sum()) / 4)  # no more passes than the padded form's
     assert metrics["perf/learner_token_efficiency"] == 1.0 and metrics["perf/learner_imbalance"] == 0.0
+
+
+def test_rows_are_packed_where_varlen_attention_runs_unless_said():
+    """Unset, run.packed_rows packs on CUDA in bf16 or fp16 (varlen's kernels) and not elsewhere: on the CPU, or in
+    fp32 on CUDA, the packed form attends row by row, slower than padding for small rows. Said, it is as said."""
+    from ablate.policy import packs_rows
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert packs_rows(None, cuda, torch.bfloat16) and packs_rows(None, cuda, torch.float16)
+    assert not packs_rows(None, cuda, torch.float32) and not packs_rows(None, cpu, torch.bfloat16)
+    assert packs_rows(True, cpu, torch.float32) and not packs_rows(False, cuda, torch.bfloat16)
+    cfg = OmegaConf.create(OmegaConf.to_container(compose(["generator=mock"]), resolve=True, enum_to_str=True))
+    assert cfg.run.packed_rows is None and not Learner(cfg).packed  # the CPU: per row
