@@ -43,6 +43,21 @@ def test_every_axis_option_runs_two_optimizer_steps(group, option, shared_output
     assert client.get_run(run_id).info.status == "FINISHED"
 
 
+def test_packed_rows_train_two_steps_and_validate_through_the_models_own_attention(shared_outputs, mlflow_uri):
+    """The real trainer with packed passes (run.packed_rows=true, the default on a GPU in bf16): two steps, every
+    token it computes a real one, and validation decoding (padded, with a cache) through the model's own attention."""
+    cfg = compose(["run.packed_rows=true", "train.steps=2", "train.val_every=2", "task.n_val_prompts=16",
+                   "task.val_samples=2", f"paths.outputs={shared_outputs}"])
+    client = tracking.client(mlflow_uri)
+    run_id = tracking.create_variant_run(client, tracking.experiment_id(client, "axes"), "packed", {})
+    seen = []
+    state = train(cfg, run_id, mlflow_uri, progress=lambda step, total, metrics: seen.append(metrics))
+    assert state.step == 2 and not state.diverged
+    assert [m["perf/learner_token_efficiency"] for m in seen] == [1.0, 1.0]
+    assert all(torch.isfinite(torch.tensor(m["loss/policy"])) for m in seen)
+    assert len(client.get_metric_history(run_id, "val/pass_rate")) == 2  # step 0 and step 2
+
+
 def test_the_learner_calls_the_configured_functions():
     cfg = OmegaConf.create(OmegaConf.to_container(
         compose(["loss=gspo", "aggregation=token_mean", "normalization=none", "precision=bf16", "generator=mock"]),
