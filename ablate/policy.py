@@ -18,7 +18,6 @@ from collections.abc import Callable
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch.nn.attention.varlen import varlen_attn
 
 
 def build_tokenizer(model: DictConfig):
@@ -299,10 +298,19 @@ def _attention_dtype(query: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else query.dtype
 
 
+def _varlen_attn():
+    """torch's varlen attention (torch.nn.attention.varlen, torch 2.10 on), or None where this torch has none."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
 def _varlen_runs(query: torch.Tensor) -> bool:
     """Whether torch's varlen attention takes these queries: FlashAttention's (or cuDNN's) kernels, on CUDA, in bf16
-    or fp16. Tests on the CPU emulate this branch (tests/test_packing.py)."""
-    return query.is_cuda and _attention_dtype(query) in (torch.bfloat16, torch.float16)
+    or fp16, where this torch has it. Tests on the CPU emulate this branch (tests/test_packing.py)."""
+    return query.is_cuda and _attention_dtype(query) in (torch.bfloat16, torch.float16) and _varlen_attn() is not None
 
 
 def _varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds: torch.Tensor, longest: int,
@@ -310,10 +318,17 @@ def _varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds:
     """Causal attention within each row of a packed sequence: query [S, heads, D], key/value [S, K/V heads, D],
     bounds [rows + 1] int32 (row r is tokens bounds[r]:bounds[r + 1]), longest the longest row; [S, heads, D].
     One varlen kernel, grouped K/V taken natively, in the compute dtype (a custom op: autocast does not cast it)."""
+    import inspect
+
+    varlen_attn = _varlen_attn()
     dtype = _attention_dtype(query)
     query, key, value = (t.to(dtype).contiguous() for t in (query, key, value))
+    grouped = key.shape[1] != query.shape[1]
+    takes_groups = "enable_gqa" in inspect.signature(varlen_attn).parameters  # torch 2.12 on; 2.11's has none
+    if grouped and not takes_groups:  # K/V repeated to the query's heads
+        key, value = (t.repeat_interleave(query.shape[1] // key.shape[1], dim=1) for t in (key, value))
     return varlen_attn(query, key, value, bounds, bounds, longest, longest, scale=scale, window_size=(-1, 0),
-                       enable_gqa=key.shape[1] != query.shape[1])
+                       **({"enable_gqa": grouped} if takes_groups else {}))
 
 
 @torch.compiler.disable  # eager in a compiled layer (`compile_layers`): one graph break, not a loop unrolled per row

@@ -5,6 +5,11 @@ experiment=paper_8b's optimizer and precision (fp32 master weights, bf16 compute
   bf16 peak, ablate.cost.PEAK_TFLOPS, 989 for an H100 or H200; on a CPU a measured matmul), peak memory and the
   share of weights one step changes, for row and token-budget micro-batches, with and without activation
   checkpointing (its rollouts: random tokens, rewards 0 and 1 in turn, spread lengths);
+- paper: the learner at a paper-like step (`paper`: a Llama-3.2-1B-shaped model, a trainer rank's 48 rows of
+  lognormal completions up to 8k tokens, passes of at most 65,536 tokens, activation checkpointing), today's plan
+  (`plan.today`'s passes, the per-row scorer) beside the packed one (`plan.packed`, PackedScorer), in one process and
+  FSDP-wrapped on a 1-rank process group: tokens/s, 6N-MFU, peak memory, and whether the two forms agree (their
+  log-probs, their train/logprob_gap to a generator's, the weights one step changes and how);
 - generators: tokens per second of the hf engine and of vLLM (when installed), R rows x N new tokens; vLLM's sync;
 - whole run: experiment=paper_8b model=llama_1b on the synthetic task: seconds per step, idle and wait fractions,
   and the median bf16 log-prob gap between trainer and generator after the loads (train/logprob_gap).
@@ -13,22 +18,28 @@ The learner's "model GB" is the memory model's estimate (ablate/memory.py) besid
 
     python bench/bench_gpu.py                    # on a GPU (vLLM's part needs the vllm extra)
     python bench/bench_gpu.py --small            # on a CPU: a 4-layer model and small shapes, to check it works
+    python bench/bench_gpu.py --parts paper      # the paper-like learner alone (issue 46's GPU target)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import importlib.util
+import tempfile
 import time
 
+import numpy as np
 import torch
 from common import run_trainer
 from omegaconf import OmegaConf
 
-from ablate import cost
+from ablate import cost, plan
 from ablate.config import compose
 from ablate.generators.engine import Engine, Limits, Sequence
-from ablate.policy import build_policy, weights_in
+from ablate.policy import Scorer, build_policy, compute_dtype, weights_in
+from ablate.registry import build
 from ablate.rollouts import Rollouts
 from ablate.trainer import Learner
 
@@ -71,12 +82,14 @@ def _rollouts(n_rows: int, prompt: int, completion: int, vocab: int, seed: int =
         correct=torch.zeros(n_rows, dtype=torch.bool), truncated=torch.zeros(n_rows, dtype=torch.bool))
 
 
-def _sample(params: list[torch.Tensor], per_tensor: int = 100_000) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """A fixed sample of each tensor's elements (a full copy of 1B weights would not fit beside AdamW on a CPU)."""
+def _sample(params: list[torch.Tensor], per_tensor: int = 100_000, generator: torch.Generator | None = None
+            ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A fixed sample of each tensor's elements (a full copy of 1B weights would not fit beside AdamW on a CPU); with
+    a seeded (CPU) `generator`, the same elements of tensors of the same shapes."""
     out = []
     for p in params:
         flat = p.detach().reshape(-1)
-        index = torch.randint(0, flat.numel(), (min(per_tensor, flat.numel()),), device=flat.device)
+        index = torch.randint(0, flat.numel(), (min(per_tensor, flat.numel()),), generator=generator).to(flat.device)
         out.append((index, flat[index].clone()))
     return out
 
@@ -140,26 +153,298 @@ def learner(args, device: torch.device, peak: float) -> None:
             changed.append(_changed(params, before))
         seconds = sum(times[1:]) / len(times[1:])
         mfu = 6 * n_params * tokens / seconds / (peak * 1e12)
-        print(f"{name:<34} {seconds:>7.2f} {mfu:>6.1%} {_peak_gb(device):>8.1f} {estimate_bytes(cfg, ro) / 2**30:>9.1f} "
+        planned = model.step_plan(ro.prompt_mask.sum(dim=1) + ro.lengths, ro.mask.any(dim=1))
+        print(f"{name:<34} {seconds:>7.2f} {mfu:>6.1%} {_peak_gb(device):>8.1f} "
+              f"{estimate_bytes(cfg, ro, planned) / 2**30:>9.1f} "
               f"{' '.join(f'{c:.1%}' for c in changed):>16}", flush=True)
         del model, params
 
 
-def estimate_bytes(cfg, ro: Rollouts) -> float:
+def estimate_bytes(cfg, ro: Rollouts, planned: plan.Plan | None = None) -> float:
     """The memory model's peak (ablate/memory.py, what the check before submit reads) for this learner at these
-    rollouts' largest micro-batch, in bytes (bench/gpu_first.py reads it too)."""
+    rollouts' largest micro-batch, in bytes (bench/gpu_first.py reads it too): the largest pass of `planned` (its
+    computed tokens: padded or packed), else of today's cut; the decoder layers recomputed as the learner counts them
+    (`checkpointed`)."""
     from ablate import memory
     from ablate.checks import model_shape
-    from ablate.plan import micro_batches
 
     lengths = ro.prompt_mask.sum(dim=1) + ro.lengths
-    batches = micro_batches(lengths, ro.mask.any(dim=1), cfg.train.micro_batch_size, cfg.train.micro_batch_tokens)
-    tokens = max(len(b) * int(lengths[b].max()) for b in batches)
-    estimate = memory.trainer(model_shape(cfg.model), ranks=1, micro_tokens=tokens,
-                              checkpointing=bool(cfg.train.activation_checkpointing),
+    if planned is None:
+        batches = plan.micro_batches(lengths, ro.mask.any(dim=1), cfg.train.micro_batch_size,
+                                     cfg.train.micro_batch_tokens)
+        tokens = max(len(b) * int(lengths[b].max()) for b in batches)
+    else:
+        tokens = max(planned.cost(batch)[0] for passes in planned.passes for batch in passes)
+    shape = model_shape(cfg.model)
+    estimate = memory.trainer(shape, ranks=1, micro_tokens=tokens, checkpointing=checkpointed(cfg, shape.layers),
                               compute=getattr(torch, cfg.model.dtype).itemsize,
                               head=getattr(torch, cfg.precision.head_dtype).itemsize)
     return estimate.total
+
+
+def checkpointed(cfg, layers: int) -> int:
+    """The decoder layers the learner recomputes under train.activation_checkpointing (true, false, a count, or auto:
+    the fewest the memory model needs on this machine's GPU, none on a CPU), as ablate.trainer.checkpoint_layers
+    counts them off SLURM. Before, the estimate took bool() of the setting: a count or auto read as every layer."""
+    from ablate import checks, memory
+
+    setting = cfg.train.activation_checkpointing
+    if setting == "auto":
+        return checks.auto_checkpointed(cfg, checks.gpu_memory_gb(cfg, "local"))
+    return memory.checkpointed_layers(setting, layers)
+
+
+# ---------------------------------------------------------------------------------------- the paper-like learner
+# A Llama-3.2-1B-shaped decoder (grouped K/V, tied embeddings, Llama-3's vocabulary; 1.24B parameters) with positions
+# for every row; --small: a toy of the same kinds (grouped K/V, tied), for a CPU
+PAPER_1B = {"hidden_size": 2048, "intermediate_size": 8192, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "vocab_size": 128256, "tie_word_embeddings": True, "num_hidden_layers": 16,
+            "max_position_embeddings": 131072, "rope_theta": 500000.0}
+PAPER_SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "vocab_size": 512, "tie_word_embeddings": True, "num_hidden_layers": 2, "max_position_embeddings": 4096}
+MID_TOP = 12288  # the interruption budget's top in bench/bench_learner_plan.py's law: lengths scale by cap / this
+
+
+class TodayLearner(Learner):
+    """The learner as it ran before ablate/plan.py: `plan.today`'s passes (the rows dealt round robin by length, each
+    rank's cut into padded micro-batches of at most train.micro_batch_size rows and train.micro_batch_tokens padded
+    tokens, dummy passes where a rank has fewer), scored row by row (run.packed_rows=false)."""
+
+    def step_plan(self, lengths: torch.Tensor, trained: torch.Tensor) -> plan.Plan:
+        return plan.today(lengths, trained, self.ranks.world, self.micro_tokens, self.micro_batch, self.attention)
+
+
+# --paper-forms: (the table's name, learner, packed rows, FSDP on a 1-rank process group)
+PAPER_FORMS = {"today": ("today", TodayLearner, False, False), "packed": ("packed", Learner, True, False),
+               "today-fsdp": ("today, FSDP 1 rank", TodayLearner, False, True),
+               "packed-fsdp": ("packed, FSDP 1 rank", Learner, True, True)}
+
+
+def paper_lengths(prompts: int, samples: int, cap: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's prompt and completion tokens ([prompts x samples] each), by bench/bench_learner_plan.py's law in its
+    mid regime, every length scaled by cap / 12,288 (the top of its interruption; 2/3 at the default cap of 8,192)
+    and each completion cut at `cap`: a prompt lognormal, median 250 (sigma 0.6, 32..2,048); its samples' thinking
+    lognormal around the prompt's own median (4,000 x lognormal(0, 0.5)), sigma 0.7, interrupted at a budget uniform
+    in 10,240..12,288 (+ the phrase's 20 tokens); an answer lognormal, median 200 (sigma 0.8, at most 2,048). At the
+    defaults (3 prompts x 16, seed 0): completions of mean 3,791 and median 2,505 tokens, the longest 8,192;
+    187,913 tokens in all."""
+    from bench_learner_plan import REGIMES  # here, not at the top: it puts the source tree first on sys.path
+
+    median, sigma = REGIMES["mid"]
+    rng = np.random.default_rng([seed, list(REGIMES).index("mid")])
+    rows, scale = prompts * samples, cap / MID_TOP
+    prompt = np.clip(rng.lognormal(np.log(250), 0.6, prompts), 32, 2048).repeat(samples)
+    own = (median * rng.lognormal(0.0, 0.5, prompts)).repeat(samples)  # each prompt's median: its difficulty
+    think = rng.lognormal(np.log(own), sigma)
+    budget = rng.integers(10240, 12289, rows)
+    think = np.where(think > budget, budget + 20, think)
+    answer = np.clip(rng.lognormal(np.log(200), 0.8, rows), 1, 2048)
+    prompt = np.maximum(np.round(prompt * scale), 1)
+    completion = np.clip(np.round((think + answer) * scale), 1, cap)
+    return torch.tensor(prompt, dtype=torch.long), torch.tensor(completion, dtype=torch.long)
+
+
+def _paper_rollouts(prompt: torch.Tensor, completion: torch.Tensor, samples: int, vocab: int, cap: int,
+                    seed: int = 0) -> Rollouts:
+    """Rows of these prompt and completion lengths (prompts left-padded, completions right-padded; random tokens;
+    rewards 0 and 1 in turn, so every prompt's group has variance); gen_logprobs 0 until `_generator_logprobs`."""
+    g = torch.Generator().manual_seed(seed)
+    n, P, T = len(prompt), int(prompt.max()), int(completion.max())
+    prompt_mask = torch.arange(P)[None, :] >= (P - prompt)[:, None]
+    mask = torch.arange(T)[None, :] < completion[:, None]
+    tokens = torch.randint(3, vocab, (n, T), generator=g) * mask
+    return Rollouts(prompt_ids=torch.arange(n) // samples, group=torch.arange(n) // samples,
+                    prompt_tokens=torch.randint(3, vocab, (n, P), generator=g) * prompt_mask, prompt_mask=prompt_mask,
+                    tokens=tokens, mask=mask, gen_logprobs=torch.zeros(n, T), versions=torch.zeros_like(tokens),
+                    lengths=completion, rewards=(torch.arange(n) % 2).float(),
+                    correct=torch.zeros(n, dtype=torch.bool), truncated=completion >= cap)
+
+
+def _paper_config(args, folder: str, *overrides: str):
+    dtype = "float32" if args.small and not args.dtype else args.dtype or "bfloat16"
+    cfg = compose(["experiment=paper_8b", *ONE_DEVICE, f"model.path={folder}", f"model.dtype={dtype}", "generator=hf",
+                   "task=synthetic", "optim.warmup_steps=1", f"model.device={args.device}",
+                   f"train.micro_batch_tokens={args.paper_budget}", f"train.micro_batch_size={args.paper_pass_rows}",
+                   f"train.activation_checkpointing={args.paper_checkpointing}", *overrides])
+    return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+
+
+@torch.no_grad()
+def _logprobs(scorer: torch.nn.Module, ro: Rollouts, planned: plan.Plan) -> torch.Tensor:
+    """Every trained row's completion log-probs [N, T] (0 past each length), on the CPU in fp32: `scorer` called pass
+    by pass as `planned` has rank 0 run them, each pass cut as Learner.step cuts it."""
+    out = torch.zeros(ro.tokens.shape, dtype=torch.float32)
+    prompt_lengths = ro.prompt_mask.sum(dim=1)
+    for batch in planned.passes[0]:
+        if not batch:
+            continue
+        rows = torch.tensor(batch, dtype=torch.long, device=ro.tokens.device)
+        P, T = int(prompt_lengths[rows].max()), max(int(ro.lengths[rows].max()), 1)
+        prompt = slice(ro.prompt_tokens.shape[1] - P, None)
+        logp = scorer(ro.prompt_tokens[rows, prompt], ro.prompt_mask[rows, prompt], ro.tokens[rows, :T],
+                      ro.lengths[rows])
+        out[rows.cpu(), :T] = logp.float().cpu()
+    return out
+
+
+def _generator_logprobs(cfg, ro: Rollouts, planned: plan.Plan) -> torch.Tensor:
+    """The rows' log-probs as a generator takes them, which each form's train/logprob_gap is measured against: the
+    learner's initial weights in the compute dtype (`weights_in`, as an engine holds them), the precision option's
+    head, row by row (Scorer)."""
+    dtype = compute_dtype(cfg.model)
+    policy = weights_in(build_policy(cfg.model, cfg.seed, read_weights=False), dtype).eval()
+    out = _logprobs(Scorer(policy, build(cfg.precision), float(cfg.generation.temperature), dtype), ro, planned)
+    del policy
+    return out
+
+
+def _whole(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """FSDP2's parameters as their local shards: on one rank, the whole tensor."""
+    return [p.to_local() if hasattr(p, "to_local") else p for p in params]
+
+
+def _moved(params: list[torch.Tensor], before: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """The sampled elements' change since `before` (`_sample`), one fp32 vector on the CPU."""
+    return torch.cat([(p.detach().reshape(-1)[i] - v).float().cpu() for p, (i, v) in zip(_whole(params), before)])
+
+
+@contextlib.contextmanager
+def _one_rank(device: torch.device):
+    """A 1-rank process group (NCCL on a GPU, gloo on the CPU) for the FSDP layout, unless one is up already."""
+    import torch.distributed as dist
+
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
+                                world_size=1, device_id=torch.device("cuda", torch.cuda.current_device())
+                                if device.type == "cuda" else None)
+    try:
+        yield
+    finally:
+        if owned:
+            dist.destroy_process_group()
+
+
+def _paper_form(args, cfg, key: str, ro: Rollouts, device: torch.device, peak: float) -> dict:
+    """One form of the learner on the rows: its plan's passes, every row's log-probs before the step, the sampled
+    weights' change by one step (from the same initial weights in every form) and its train/logprob_gap, then
+    --paper-steps timed steps (the first one warms up) with their peak memory."""
+    from ablate.distributed.layouts import FSDP
+
+    name, learner_class, packed, fsdp = PAPER_FORMS[key]
+    cfg = OmegaConf.merge(cfg, {"run": {"packed_rows": packed}})
+    keep = torch.ones(ro.n, dtype=torch.bool, device=device)
+    lengths = (ro.prompt_mask.sum(dim=1) + ro.lengths).cpu()
+    with _one_rank(device) if fsdp else contextlib.nullcontext():
+        learner = learner_class(cfg, build_policy(cfg.model, cfg.seed, read_weights=False),
+                                ranks=FSDP(trainer_gpus=1) if fsdp else None)
+        planned = learner.step_plan(lengths, torch.ones(ro.n, dtype=torch.bool))
+        # the parameters as they are between steps (FSDP2's shards; a forward leaves the root's unsharded)
+        n_params = sum(p.numel() for p in learner.policy.parameters())
+        before = _sample(_whole(list(learner.policy.parameters())), args.paper_sample,
+                         torch.Generator().manual_seed(0))
+        logp = _logprobs(learner.scorer, ro, planned)
+        metrics = learner.step(ro, ro.rewards, keep)  # from the initial weights, as every form's: compared
+        moved = _moved(list(learner.policy.parameters()), before)
+        times = []
+        for step in range(args.paper_steps + 1):  # the first (from here) warms up
+            if step == 1 and device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            _sync(device)
+            began = time.perf_counter()
+            learner.step(ro, ro.rewards, keep)
+            _sync(device)
+            times.append(time.perf_counter() - began)
+        checkpointed_layers = learner.checkpointed
+        del learner
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    seconds = sum(times[1:]) / len(times[1:])
+    tokens = float(lengths.sum())
+    return {"name": name, "plan": planned, "logp": logp, "moved": moved, "gap": metrics.get("train/logprob_gap"),
+            "seconds": seconds, "tokens_s": tokens / seconds, "mfu": 6 * n_params * tokens / seconds / (peak * 1e12),
+            "peak_gb": _peak_gb(device), "model_gb": estimate_bytes(cfg, ro, planned) / 2**30,
+            "checkpointed": checkpointed_layers, "n_params": n_params}
+
+
+def _agreement(form: dict, reference: dict, mask: torch.Tensor) -> tuple[float, float, float]:
+    """How `form` agrees with `reference`: its log-probs' mean and largest |difference| over the completions'
+    tokens, and the cosine of the two forms' one-step changes of the sampled weights."""
+    diff = (form["logp"] - reference["logp"]).abs()[mask]
+    a, b = form["moved"].double(), reference["moved"].double()
+    cosine = float(a @ b / (a.norm() * b.norm())) if a.norm() and b.norm() else float("nan")
+    return float(diff.mean()), float(diff.max()), cosine
+
+
+def paper(args, device: torch.device, peak: float) -> None:
+    """The learner at a paper-like step, today's plan beside the packed one (issue 46): module docstring. A form
+    that raises is a row saying so, the others still run; then it exits 1."""
+    unknown = [key for key in args.paper_forms.split(",") if key not in PAPER_FORMS]
+    if unknown:
+        raise SystemExit(f"--paper-forms: {', '.join(unknown)}: none of {', '.join(PAPER_FORMS)}")
+    shape = PAPER_SMALL if args.small else PAPER_1B
+    prompt, completion = paper_lengths(args.paper_prompts, args.paper_samples, args.paper_cap)
+    longest = int((prompt + completion).max())
+    if longest > shape["max_position_embeddings"]:
+        raise SystemExit(f"--paper-cap {args.paper_cap}: a row of {longest} tokens, past the model's "
+                         f"{shape['max_position_embeddings']} positions")
+    import transformers
+
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-paper-") as folder:
+        transformers.LlamaConfig(**shape).save_pretrained(folder)  # the shape alone: random weights, seeded
+        _paper(args, device, peak, shape, prompt, completion, _paper_config(args, folder))
+
+
+def _paper(args, device: torch.device, peak: float, shape: dict, prompt: torch.Tensor, completion: torch.Tensor,
+           cfg) -> None:
+    ro = _paper_rollouts(prompt, completion, args.paper_samples, shape["vocab_size"], args.paper_cap).to(device)
+    lengths, trained = (prompt + completion), torch.ones(len(prompt), dtype=torch.bool)
+    today = plan.today(lengths, trained, 1, args.paper_budget, args.paper_pass_rows)
+    ro.gen_logprobs = _generator_logprobs(cfg, ro, today).to(device) * ro.mask
+    print(f"\npaper-like learner: {'PAPER_SMALL' if args.small else 'Llama-3.2-1B'}-shaped, {len(prompt)} rows "
+          f"({args.paper_prompts} prompts x {args.paper_samples}), prompts median {int(prompt.median())}, "
+          f"completions <= {args.paper_cap} (mean {completion.float().mean():,.0f}, median "
+          f"{int(completion.median()):,}, {int((completion >= args.paper_cap).sum())} at the cap), "
+          f"{int(lengths.sum()):,} tokens; passes of <= {args.paper_budget:,} tokens (today's: <= "
+          f"{args.paper_pass_rows} rows, padded), train.activation_checkpointing={args.paper_checkpointing}, "
+          f"{cfg.model.dtype} compute, peak {peak:.3g} TFLOP/s", flush=True)
+    print(f"{'form':<22} {'passes':>6} {'real/computed':>13} {'s/step':>7} {'tokens/s':>9} {'MFU':>6} {'peak GB':>8} "
+          f"{'model GB':>9} {'logprob gap':>11} {'vs first: mean':>14} {'max':>8} {'weights changed':>15} "
+          f"{'update cos':>10}", flush=True)
+    results, failed, mask = [], [], ro.mask.cpu()
+    for key in args.paper_forms.split(","):
+        try:
+            form = _paper_form(args, cfg, key, ro, device, peak)
+        except Exception as why:  # noqa: BLE001 - one form's failure is a row; the others still run
+            failed.append(key)
+            print(f"{PAPER_FORMS[key][0]:<22} raised {type(why).__name__}: {str(why).splitlines()[0][:160]}",
+                  flush=True)
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            continue
+        results.append(form)
+        mean, most, cosine = _agreement(form, results[0], mask)
+        gap = "-" if form["gap"] is None else f"{form['gap']:.2e}"
+        print(f"{form['name']:<22} {form['plan'].passes_per_rank:>6} {form['plan'].token_efficiency:>13.3f} "
+              f"{form['seconds']:>7.2f} {form['tokens_s']:>9,.0f} {form['mfu']:>6.1%} {form['peak_gb']:>8.1f} "
+              f"{form['model_gb']:>9.1f} {gap:>11} {mean:>14.1e} {most:>8.1e} "
+              f"{float((form['moved'] != 0).float().mean()):>15.2%} {cosine:>10.4f}", flush=True)
+    if results:
+        print(f"(1 step changes the weights from the same initial ones in every form; {results[0]['checkpointed']} "
+              f"of {shape['num_hidden_layers']} layers recomputed; {results[0]['n_params']:,} parameters)")
+    by_name = {form["name"]: form for form in results}
+    for new, old in (("packed", "today"), ("packed, FSDP 1 rank", "today, FSDP 1 rank")):
+        if new in by_name and old in by_name:
+            mean, most, cosine = _agreement(by_name[new], by_name[old], mask)
+            gaps = [by_name[n]["gap"] for n in (new, old)]
+            print(f"{new} vs {old}: x{by_name[new]['tokens_s'] / by_name[old]['tokens_s']:.2f} tokens/s; log-probs "
+                  f"mean |diff| {mean:.1e}, max {most:.1e}; logprob gap {gaps[0] or 0:.2e} vs {gaps[1] or 0:.2e}; "
+                  f"weights changed {float((by_name[new]['moved'] != 0).float().mean()):.2%} vs "
+                  f"{float((by_name[old]['moved'] != 0).float().mean()):.2%}, update cosine {cosine:.4f}", flush=True)
+    if failed:
+        raise SystemExit(f"paper: {', '.join(failed)} raised (above)")
 
 
 def generators(args, device: torch.device) -> None:
@@ -256,7 +541,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="", help="the compute dtype (default: the preset's; bfloat16 on GPUs)")
     parser.add_argument("--forms", type=int, default=4, help="how many of the learner's micro-batch forms to run")
-    parser.add_argument("--parts", default="learner,generators,run")
+    parser.add_argument("--parts", default="learner,paper,generators,run")
     parser.add_argument("--peak-tflops", type=float, default=0.0)
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--prompt", type=int, default=128)
@@ -265,6 +550,19 @@ def main() -> None:
     parser.add_argument("--long-completion", type=int, default=8192,
                         help="the long-row form's completions (at most; a quarter to all of it)")
     parser.add_argument("--learner-steps", type=int, default=3)
+    parser.add_argument("--paper-prompts", type=int, default=3, help="paper: prompts (3 x 16: a trainer rank's "
+                        "share of the paper's 48 x 16 rows over 16 ranks)")
+    parser.add_argument("--paper-samples", type=int, default=16)
+    parser.add_argument("--paper-cap", type=int, default=8192, help="paper: the completions' cap (the law's scale)")
+    parser.add_argument("--paper-budget", type=int, default=65536,
+                        help="paper: tokens a pass (train.micro_batch_tokens; today's plan: padded)")
+    parser.add_argument("--paper-pass-rows", type=int, default=8, help="paper: rows a pass of today's plan, at most")
+    parser.add_argument("--paper-checkpointing", default="true",
+                        help="paper: train.activation_checkpointing (true, false, a count, auto)")
+    parser.add_argument("--paper-steps", type=int, default=2, help="paper: timed steps a form, after one warm-up")
+    parser.add_argument("--paper-forms", default=",".join(PAPER_FORMS), help="paper: which forms, in order (the "
+                        "first is the one the others are compared with)")
+    parser.add_argument("--paper-sample", type=int, default=20_000, help="paper: weights sampled a tensor")
     parser.add_argument("--gen-rows", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=512)
     parser.add_argument("--eager", action="store_true", help="vLLM without torch.compile / CUDA graphs")
@@ -280,7 +578,8 @@ def main() -> None:
         for name, value in (("rows", 32), ("prompt", 16), ("completion", 64), ("token_budget", 1024),
                             ("long_completion", 256),
                             ("gen_rows", 16), ("new_tokens", 32), ("run_prompts", 2), ("run_tokens", 32),
-                            ("learner_steps", 2), ("run_steps", 4)):
+                            ("learner_steps", 2), ("run_steps", 4), ("paper_prompts", 2), ("paper_samples", 4),
+                            ("paper_cap", 96), ("paper_budget", 256), ("paper_pass_rows", 4), ("paper_steps", 1)):
             if getattr(args, name) == parser.get_default(name):
                 setattr(args, name, value)
         args.eager = True
@@ -290,6 +589,9 @@ def main() -> None:
     parts = args.parts.split(",")
     if "learner" in parts:
         learner(args, device, peak_tflops(args, device, getattr(torch, _config(args).model.dtype)))
+    if "paper" in parts:
+        paper(args, device, peak_tflops(args, device, torch.float32 if args.small and not args.dtype else
+                                         getattr(torch, args.dtype or "bfloat16")))
     if "generators" in parts:
         generators(args, device)
     if "run" in parts:

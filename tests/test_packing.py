@@ -162,7 +162,7 @@ def test_the_cuda_branch_emulated_gives_the_per_row_forms_values_and_gradients(m
     not cast it)."""
     calls = []
     monkeypatch.setattr(policy, "_varlen_runs", lambda query: True)
-    monkeypatch.setattr(policy, "varlen_attn", _emulated_varlen(calls))
+    monkeypatch.setattr(policy, "_varlen_attn", lambda: _emulated_varlen(calls))
     per_row, packed = _both("llama3")
     total = sum(PROMPTS) + sum(COMPLETIONS)
     bounds = [0, *torch.tensor(PROMPTS).add(torch.tensor(COMPLETIONS)).cumsum(0).tolist()]
@@ -173,6 +173,24 @@ def test_the_cuda_branch_emulated_gives_the_per_row_forms_values_and_gradients(m
     with torch.autocast("cpu", dtype=torch.bfloat16):
         packed_logprobs(PackedScorer(_model("llama3"), precision.fp32_head).model, *batch, precision.fp32_head)
     assert [c[0] for c in calls] == [torch.bfloat16] * LAYERS
+
+
+def test_the_cuda_branch_on_torch_2_11_repeats_grouped_kv_for_a_varlen_without_enable_gqa(monkeypatch):
+    """torch 2.11's varlen_attn (the lent GPUs' image) takes no enable_gqa: K/V repeated to the query's heads, the same
+    log-probs and gradients; with it (2.12 on) they go as they are (the test above)."""
+    calls = []
+    emulated = _emulated_varlen(calls)
+
+    def varlen_2_11(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                    window_size=(-1, -1)):  # torch 2.11.0's signature
+        return emulated(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=scale, window_size=window_size)
+
+    monkeypatch.setattr(policy, "_varlen_runs", lambda query: True)
+    monkeypatch.setattr(policy, "_varlen_attn", lambda: varlen_2_11)
+    per_row, packed = _both("llama3")
+    total = sum(PROMPTS) + sum(COMPLETIONS)
+    assert {c[1:5] for c in calls} == {((total, HEADS, 16), (total, HEADS, 16), (-1, 0), False)}
+    _assert_same(per_row, packed)
 
 
 def _whole_sequence_causal(query, key, value, bounds, longest, scale):

@@ -1,0 +1,132 @@
+"""bench/bench_gpu.py on the CPU: its paper-like learner part (today's plan beside the packed one, in one process and
+FSDP-wrapped on a 1-rank gloo group) runs at toy shapes and its two forms agree; its memory estimate counts the
+layers the learner recomputes."""
+
+from __future__ import annotations
+
+import re
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import ROOT
+
+
+@pytest.fixture
+def bench_gpu(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import bench_gpu
+
+    return bench_gpu
+
+
+def test_the_paper_form_runs_today_and_packed_and_their_logprobs_and_updates_agree(bench_gpu, monkeypatch, capsys):
+    """Every form prints its row, the packed plan computes no padding where today's does, and in fp32 the packed
+    forms' log-probs equal today's within 1e-5 (the issue's bound), their train/logprob_gap to the generator's as
+    small, and one step from the same weights changes every sampled weight alike (update cosine ~1)."""
+    monkeypatch.setattr(sys, "argv", ["bench_gpu.py", "--small", "--device", "cpu", "--parts", "paper"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # toy matmuls: a second thread only waits on the first (4x slower on a busy machine)
+    try:
+        bench_gpu.main()
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    rows = {}
+    for name in ("today", "packed", "today, FSDP 1 rank", "packed, FSDP 1 rank"):
+        (line,) = [line for line in out.splitlines() if re.match(rf"{re.escape(name)}\s+\d", line)]
+        cells = line[len(name):].split()
+        rows[name] = dict(zip(["passes", "efficiency", "s", "tokens_s", "mfu", "peak", "model", "gap", "mean", "max",
+                               "changed", "cosine"], cells))
+    for name in ("packed", "packed, FSDP 1 rank"):
+        assert float(rows[name]["efficiency"]) == 1.0 and float(rows[name]["gap"]) <= 1e-5
+        assert float(rows[name]["mean"]) <= 1e-6 and float(rows[name]["max"]) <= 1e-5
+        assert rows[name]["changed"] == "100.00%" and float(rows[name]["cosine"]) >= 0.9999
+    # 8 rows of the law's toy scale: today's cut pads (3 passes of <= 4 rows), the packed plan does not (2 passes)
+    assert float(rows["today"]["efficiency"]) < 0.95 and rows["today"]["passes"] == "3"
+    assert rows["packed"]["passes"] == "2"
+    for new, old in (("packed", "today"), ("packed, FSDP 1 rank", "today, FSDP 1 rank")):
+        summary = re.search(rf"^{re.escape(new)} vs {re.escape(old)}: x[\d.]+ tokens/s; log-probs mean \|diff\| "
+                            r"(\S+), max (\S+); logprob gap \S+ vs \S+; weights changed 100.00% vs 100.00%, update "
+                            r"cosine (\S+)$", out, re.M)
+        assert summary, out
+        assert float(summary[2]) <= 1e-5 and float(summary[3]) >= 0.9999
+
+
+def test_the_paper_law_is_the_mid_regime_scaled_to_its_cap(bench_gpu):
+    """Hand-checked figures of the law at the defaults (3 prompts x 16, cap 8,192, seed 0); a smaller cap scales the
+    same draw: every completion under both caps is the same length to rounding, cut at the cap."""
+    prompt, completion = bench_gpu.paper_lengths(3, 16, 8192)
+    assert int(completion.max()) == 8192 and int((prompt + completion).sum()) == 187913
+    assert (prompt.view(3, 16) == prompt.view(3, 16)[:, :1]).all()  # a prompt's samples share it
+    half_prompt, half = bench_gpu.paper_lengths(3, 16, 4096)
+    assert int(half.max()) == 4096
+    inside = completion < 8192
+    assert ((half[inside] - completion[inside] / 2).abs() <= 1).all()
+
+
+def test_the_memory_estimate_counts_the_layers_the_learner_recomputes(bench_gpu):
+    """train.activation_checkpointing as a count recomputes that many layers: each keeps 4 x hidden bytes a token
+    instead of its whole set (ablate/memory.py), so the estimate falls by tokens x k x (set - 4h). Before, the
+    estimate took bool() of the setting, and a count read as every layer; auto, with no GPU to fit, is none."""
+    from ablate import memory
+    from ablate.checks import model_shape
+
+    args = SimpleNamespace(small=True, dtype="", device="cpu")
+    ro = bench_gpu._rollouts(4, 16, 64, 4096)
+    tokens = 4 * (16 + int(ro.lengths.max()))  # one micro-batch: the 4 rows padded to the longest
+
+    def estimate(setting) -> float:
+        cfg = bench_gpu._config(args, "train.micro_batch_size=1024", "train.micro_batch_tokens=0",
+                                f"train.activation_checkpointing={setting}")
+        return bench_gpu.estimate_bytes(cfg, ro)
+
+    cfg = bench_gpu._config(args)
+    shape = model_shape(cfg.model)
+    per_layer = memory.layer_activation_bytes(shape, 4) - 4 * shape.hidden  # fp32 compute (SMALL)
+    none, every = estimate("false"), estimate("true")
+    assert shape.layers == 4 and every < none
+    for k in (1, 3):
+        assert estimate(k) == pytest.approx(none - tokens * k * per_layer, rel=1e-12)
+    assert estimate("auto") == none
+    with pytest.raises(ValueError, match=r"train.activation_checkpointing=9: true, false, auto or a count of decoder "
+                                         r"layers from 0 to the model's 4"):
+        estimate(9)
+
+
+def test_todays_learner_runs_todays_plan(bench_gpu):
+    """The `today` forms plan as the learner did before ablate/plan.py: rows dealt round robin by length (rank 0: 50,
+    30, 10 tokens; rank 1: 40, 20, 5), each rank's cut at 2 rows and 80 padded tokens (50 + 30 pads to 100: apart;
+    30 + 10 to 60; 40 + 20 to 80; then the row cap)."""
+    lengths = torch.tensor([50, 40, 30, 20, 10, 5])
+    learner = SimpleNamespace(ranks=SimpleNamespace(world=2), micro_tokens=80, micro_batch=2, attention=0.0)
+    planned = bench_gpu.TodayLearner.step_plan(learner, lengths, torch.ones(6, dtype=torch.bool))
+    assert planned.form == "padded" and planned.passes == [[[0], [2, 4]], [[1, 3], [5]]]
+
+
+def test_a_form_that_raises_is_a_row_and_the_others_still_run(bench_gpu, monkeypatch, capsys):
+    """On a lent GPU one call has to show every form it can: a form that fails (a kernel the image's torch lacks) is
+    named in its row, the next form still runs, and the bench exits 1; an unknown form is refused before any model
+    is built."""
+    class Broken(bench_gpu.Learner):
+        def __init__(self, *args, **kwargs):
+            raise TypeError("varlen_attn() got an unexpected keyword argument 'enable_gqa'\nmore")
+
+    monkeypatch.setitem(bench_gpu.PAPER_FORMS, "packed", ("packed", Broken, True, False))
+    monkeypatch.setattr(sys, "argv", ["bench_gpu.py", "--small", "--device", "cpu", "--parts", "paper",
+                                      "--paper-forms", "packed,today"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with pytest.raises(SystemExit, match=r"^paper: packed raised \(above\)$"):
+            bench_gpu.main()
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    said = r"^packed\s+raised TypeError: varlen_attn\(\) got an unexpected keyword argument 'enable_gqa'$"
+    assert re.search(said, out, re.M)
+    assert re.search(r"^today\s+3\s+0\.885\s", out, re.M)
+    monkeypatch.setattr(sys, "argv", ["bench_gpu.py", "--small", "--parts", "paper", "--paper-forms", "today,fast"])
+    with pytest.raises(SystemExit, match=r"^--paper-forms: fast: none of today, packed, today-fsdp, packed-fsdp$"):
+        bench_gpu.main()
