@@ -24,9 +24,10 @@ def _bar(done: int, total: int, width: int = 24) -> str:
 class StepBar:
     """`scalerl [########........] 130/400  val 0.512  1,234 GPU-h  00:12`"""
 
-    def __init__(self, name: str, stream: TextIO = sys.stderr, every_s: float = 0.2):
-        self.name, self.stream = name, stream
-        self.tty = stream.isatty()
+    def __init__(self, name: str, stream: TextIO | None = None, every_s: float = 0.2):
+        # sys.stderr as it is now (a default argument would hold the one of the first import: a closed capture later)
+        self.name, self.stream = name, stream if stream is not None else sys.stderr
+        self.tty = self.stream.isatty()
         self.every_s = every_s if self.tty else 10.0
         self.started = time.monotonic()
         self.last_print = -1e9
@@ -56,9 +57,10 @@ class StepBar:
 class SweepDisplay:
     """One row per variant, read from MLflow: state, step, last validation pass rate, compute so far."""
 
-    def __init__(self, client, submission, stream: TextIO = sys.stderr, every_s: float = 2.0):
-        self.client, self.submission, self.stream = client, submission, stream
-        self.tty = stream.isatty()
+    def __init__(self, client, submission, stream: TextIO | None = None, every_s: float = 2.0):
+        self.client, self.submission = client, submission
+        self.stream = stream if stream is not None else sys.stderr  # as it is now (StepBar says why)
+        self.tty = self.stream.isatty()
         self.every_s = every_s if self.tty else 15.0
         self.last_print, self.lines_drawn = -1e9, 0
         self.started = time.monotonic()

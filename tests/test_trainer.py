@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -313,3 +314,15 @@ def test_a_validation_waits_for_a_step_whose_weights_vllm_may_take(tmp_path, mlf
     for off_policy, validated in (("ppo_off_policy", [4, 6, 7]), ("pipeline_rl", [3, 6, 7])):
         *_, seen = _train([*common, f"off_policy={off_policy}"], tmp_path / off_policy, mlflow_uri, off_policy)
         assert [step for step, m in enumerate(seen, 1) if "val/pass_rate" in m] == validated, off_policy
+
+
+def test_a_progress_bar_writes_to_the_stderr_of_its_time_not_of_the_first_import(monkeypatch):
+    """StepBar and SweepDisplay take sys.stderr when made: an in-process command whose stderr was captured (and
+    closed) before must not leave a later one writing to it ("I/O operation on closed file")."""
+    import io
+
+    from ablate.progress import StepBar, SweepDisplay
+
+    now = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", now)
+    assert StepBar("scalerl").stream is now and SweepDisplay(None, None).stream is now
