@@ -152,12 +152,10 @@ def test_bad_input_is_named():
         plan.packed(torch.tensor([3, 0]), ALL(2), 1, 10)
 
 
-def test_the_learner_steps_on_the_plan_and_logs_its_figures():
-    """Learner.step runs the padded plan's passes with run.packed_rows=false (4 rows a pass: as many passes as the
-    plan has) and logs its token efficiency and imbalance; the figures are the plan's of the step's lengths (prompt +
-    completion)."""
-    cfg = OmegaConf.create(OmegaConf.to_container(compose(["generator=mock", "train.micro_batch_size=4",
-                                                           "run.packed_rows=false"]),
+def _one_step(form: str):
+    """A Learner (mock rollouts of 8 prompts, 4 rows a pass, `form`) after one step: (learner, rollouts, the rows of
+    each scorer call, the step's metrics)."""
+    cfg = OmegaConf.create(OmegaConf.to_container(compose(["generator=mock", "train.micro_batch_size=4", form]),
                                                   resolve=True, enum_to_str=True))
     ro = build(cfg.generator, cfg=cfg).rollouts(list(range(8)), 0, compute=2000.0)
     rewards, keep = torch.arange(ro.n, dtype=torch.float32) % 3, ALL(ro.n)
@@ -165,7 +163,14 @@ def test_the_learner_steps_on_the_plan_and_logs_its_figures():
     calls = []
     scorer = learner.scorer
     learner.scorer = lambda *args: calls.append(len(args[0])) or scorer(*args)
-    metrics = learner.step(ro, rewards, keep)
+    return learner, ro, calls, learner.step(ro, rewards, keep)
+
+
+def test_the_learner_steps_on_the_plan_and_logs_its_figures():
+    """Learner.step runs the padded plan's passes with run.packed_rows=false (4 rows a pass: as many passes as the
+    plan has) and logs its token efficiency and imbalance; the figures are the plan's of the step's lengths (prompt +
+    completion)."""
+    learner, ro, calls, metrics = _one_step("run.packed_rows=false")
     expected = plan.padded(ro.prompt_mask.sum(1) + ro.lengths, ro.mask.any(1), 1, 0, 4, learner.attention)
     assert calls == [len(b) for b in expected.passes[0]] and len(calls) == math.ceil(int(ro.mask.any(1).sum()) / 4)
     assert metrics["perf/learner_token_efficiency"] == pytest.approx(expected.token_efficiency)
@@ -177,16 +182,7 @@ def test_the_learner_packs_its_rows_up_to_the_padded_forms_largest_pass():
     """Packed (run.packed_rows=true), a pass holds up to train.micro_batch_tokens real tokens, or with none set, as
     many as the padded form's largest pass: micro_batch_size rows of the step's longest. Every token computed is
     real."""
-    cfg = OmegaConf.create(OmegaConf.to_container(compose(["generator=mock", "train.micro_batch_size=4",
-                                                           "run.packed_rows=true"]),
-                                                  resolve=True, enum_to_str=True))
-    ro = build(cfg.generator, cfg=cfg).rollouts(list(range(8)), 0, compute=2000.0)
-    rewards, keep = torch.arange(ro.n, dtype=torch.float32) % 3, ALL(ro.n)
-    learner = Learner(cfg)
-    calls = []
-    scorer = learner.scorer
-    learner.scorer = lambda *args: calls.append(len(args[0])) or scorer(*args)
-    metrics = learner.step(ro, rewards, keep)
+    learner, ro, calls, metrics = _one_step("run.packed_rows=true")
     lengths = ro.prompt_mask.sum(1) + ro.lengths
     expected = plan.packed(lengths, ro.mask.any(1), 1, 4 * int(lengths.max()), learner.attention)
     assert calls == [len(b) for b in expected.passes[0]]
