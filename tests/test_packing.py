@@ -303,6 +303,19 @@ WORLD = 2
 SHARES = [[0, 2, 4], [1, 3]]  # the rows each rank scores
 
 
+def _compiled(scorer):
+    """A scorer whose decoder layers are compiled in place before FSDP2 wraps them, as Learner does with
+    run.compile_layers (aot_eager: dynamo and AOTAutograd's graphs without inductor's minute of code generation)."""
+    from ablate.policy import compile_layers
+
+    return lambda model, head: scorer(compile_layers(model, True, backend="aot_eager"), head)
+
+
+# each form, made from a model and a head: per row, packed, and both with their decoder layers compiled
+FORMS = (("per_row", Scorer), ("packed", PackedScorer), ("per_row, compiled", _compiled(Scorer)),
+         ("packed, compiled", _compiled(PackedScorer)))
+
+
 def _rank(rank: int, init_file: str, out: str) -> None:
     """On each rank, per family and form: the scorer wrapped by the FSDP layout, its share of the rows scored, the
     gradient of their loss summed over the ranks (FSDP's reduce-scatter), gathered whole."""
@@ -317,7 +330,7 @@ def _rank(rank: int, init_file: str, out: str) -> None:
         batch, upstream = _batch()
         results = {}
         for family in FAMILIES:
-            for form, make in (("per_row", Scorer), ("packed", PackedScorer)):
+            for form, make in FORMS:
                 scorer = FSDP().wrap(make(_model(family), precision.fp32_head))
                 logp = scorer(*(t[rows] for t in batch))
                 (logp * upstream[rows]).sum().backward()
@@ -331,13 +344,15 @@ def _rank(rank: int, init_file: str, out: str) -> None:
 
 @pytest.mark.e2e
 def test_under_fsdp_on_two_ranks_packed_rows_give_the_one_process_per_row_forms_values_and_gradients(tmp_path):
+    """Each form under the FSDP layout on 2 gloo ranks, its decoder layers eager or compiled (issue 46: the compiled
+    decoder composes with FSDP2), gives the one-process per-row form's log-probs and summed gradients within 1e-5."""
     torch.multiprocessing.start_processes(_rank, args=(str(tmp_path / "init"), str(tmp_path / "out.pt")),
                                           nprocs=WORLD, start_method="spawn")
     ranks = [torch.load(tmp_path / f"out.pt.{r}", weights_only=False) for r in range(WORLD)]
     for family in FAMILIES:
         batch, upstream = _batch()
         one = _scored(Scorer(_model(family), precision.fp32_head), batch, upstream)  # one process, every row
-        for form in ("per_row", "packed"):
+        for form, _ in FORMS:
             logp = torch.zeros_like(one[0])
             for rank, rows in enumerate(SHARES):
                 logp[rows] = ranks[rank][family, form][0]
