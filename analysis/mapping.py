@@ -10,6 +10,7 @@ docs/bring-your-own-runs.md.
 from __future__ import annotations
 
 import difflib
+from collections import Counter
 import fnmatch
 import re
 from dataclasses import dataclass, field, fields, replace
@@ -336,7 +337,7 @@ def _variants(runs: list[SourceRun], said_variant: str | None, said: list[str]) 
             said.append(f"variants: the tag {tag} (--variant says otherwise)")
             return {run.id: run.tags[tag] for run in runs}
     stripped = {run.id: SEED_SUFFIX.sub("", run.name) or run.name for run in runs}
-    groups = _counted(stripped.values())
+    groups = list(Counter(stripped.values()).items())
     seeded = any(stripped[run.id] != run.name for run in runs) or any(n > 1 for _, n in groups)
     if seeded:
         said.append(f"variants: the run names without a seed suffix ({_groups(groups)}; --variant name:REGEX "
@@ -347,7 +348,7 @@ def _variants(runs: list[SourceRun], said_variant: str | None, said: list[str]) 
 
 
 def _base(variants: dict[str, str], said_base: str | None, said: list[str]) -> str | None:
-    names = [name for name, _ in _counted(variants.values())]
+    names = list(Counter(variants.values()))
     if said_base is not None:
         if said_base not in names:
             close = difflib.get_close_matches(said_base, names, n=1, cutoff=0.6)
@@ -362,7 +363,7 @@ def _base(variants: dict[str, str], said_base: str | None, said: list[str]) -> s
         said.append(f"base: {known[0]} (by its name; --base says otherwise)")
         return known[0]
     raise MappingError(f"which variant is the base every verdict compares with? --base NAME (variants: "
-                       f"{_groups(_counted(variants.values()))})")
+                       f"{_groups(list(Counter(variants.values()).items()))})")
 
 
 def _step_cost_warning(runs: list[SourceRun], variants: dict[str, str]) -> list[str]:
@@ -415,13 +416,6 @@ def _with_r0(out: list[RunCurve], resolved: Resolved) -> list[RunCurve]:
                          " that logged none there (--r0)")
     return [replace(c, step=np.append(0, c.step), compute=np.append(0.0, c.compute),
                     pass_rate=np.append(resolved.r0, c.pass_rate)) if 0 not in c.step else c for c in out]
-
-
-def _counted(values) -> list[tuple[str, int]]:
-    counts: dict[str, int] = {}
-    for value in values:
-        counts[value] = counts.get(value, 0) + 1
-    return list(counts.items())
 
 
 def _groups(groups: list[tuple[str, int]]) -> str:
