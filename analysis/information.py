@@ -29,34 +29,34 @@ def jacobian(c: np.ndarray, A: float, B: float, C_mid: float, R0: float) -> np.n
     return np.column_stack([s, (A - R0) * ds * B * (np.log(c) - x), -(A - R0) * ds * B, 1 - s])
 
 
-def noise_covariance(c: np.ndarray, sd_white: float, sd_wobble: float, corr: float) -> np.ndarray:
-    """cov(e_i, e_j) = sd_white^2 [i == j] + sd_wobble^2 exp(-|c_i - c_j| / corr) for the points of one run."""
+def noise_covariance(c: np.ndarray, noise: dict) -> np.ndarray:
+    """cov(e_i, e_j) for the points of one run at compute `c` under `noise` (as SigmoidFit.noise holds it):
+    sd_white^2 [i == j] + sd_wobble^2 exp(-|c_i - c_j| / corr_gpu_hours) + sd_slow^2 exp(-|c_i - c_j| /
+    corr_slow_gpu_hours) (analysis/noise.py's model; a part without its length is white)."""
     c = np.asarray(c, dtype=float)
-    cov = np.eye(c.size) * sd_white**2
-    if sd_wobble > 0 and corr > 0:
-        cov = cov + sd_wobble**2 * np.exp(-np.abs(c[:, None] - c[None, :]) / corr)
-    elif sd_wobble > 0:
-        cov = cov + np.eye(c.size) * sd_wobble**2
+    cov = np.eye(c.size) * float(noise.get("sd_white", 0.0)) ** 2
+    for sd, length in (("sd_wobble", "corr_gpu_hours"), ("sd_slow", "corr_slow_gpu_hours")):
+        var, ell = float(noise.get(sd, 0.0)) ** 2, float(noise.get(length, 0.0) or 0.0)
+        if var > 0:
+            cov = cov + var * (np.exp(-np.abs(c[:, None] - c[None, :]) / ell) if ell > 0 else np.eye(c.size))
     return cov
 
 
 def information(c: np.ndarray, law: tuple[float, float, float, float], noise: dict, *,
                 c_min: float | None = None, r0_points: int = 1) -> np.ndarray:
     """The Fisher information (4 x 4, in PARAMETERS' order) of one run's points at compute `c` on the law
-    (A, B, C_mid, R0) under `noise` (sd_white, sd_wobble, corr_gpu_hours, as SigmoidFit.noise holds them): the
+    (A, B, C_mid, R0) under `noise` (as SigmoidFit.noise holds it: noise_covariance): the
     points at c >= c_min (default: the fit's cut, 1.5/16 of the largest c) by generalized least squares, and R0
     measured from `r0_points` points at compute 0 (as the fit takes it: its Gaussian prior)."""
     c = np.asarray(c, dtype=float)
     if c_min is None:
         c_min = C_MIN_FRACTION * float(c.max())
     used = c[(c >= c_min) & (c > 0)]
-    sd_white, sd_wobble = float(noise.get("sd_white", 0.0)), float(noise.get("sd_wobble", 0.0))
-    corr = float(noise.get("corr_gpu_hours", 0.0) or 0.0)
-    total = sd_white**2 + sd_wobble**2
+    total = sum(float(noise.get(name, 0.0)) ** 2 for name in ("sd_white", "sd_wobble", "sd_slow"))
     if total <= 0:
-        raise ValueError("noise: sd_white and sd_wobble are both 0: the information is infinite")
+        raise ValueError("noise: sd_white, sd_wobble and sd_slow are all 0: the information is infinite")
     jac = jacobian(used, *law)
-    cov = noise_covariance(used, sd_white, sd_wobble, corr)
+    cov = noise_covariance(used, noise)
     info = jac.T @ np.linalg.solve(cov, jac)
     if r0_points:
         info[3, 3] += r0_points / total

@@ -63,7 +63,7 @@ def fit_state(data: Prepared, *, A_fixed: float | None = None, rng_seed: int = 0
         naive = effect.naive[i, i]
         ratio = effect.variance[i] / naive if naive > 0 and math.isfinite(naive) else fallback
         sigma2[name] = max(float(ratio) * inflate, noise_model.MIN_SD**2)
-    tau2 = noise.var / data.n_r0 if data.n_r0 else 0.0
+    tau2 = noise.fast.var / data.n_r0 if data.n_r0 else 0.0  # a pre-RL point has no departure from the law
 
     widest = max(sigma2.values())
     # the box starts at the least-squares fit, +-7 sd of the widest likelihood's normal approximation: usually one
@@ -111,8 +111,7 @@ def fit_state(data: Prepared, *, A_fixed: float | None = None, rng_seed: int = 0
         notes=_notes(at_bound, ci, C_mid, float(data.c.max()), A_fixed, pulled),
         method="fast" if A_fixed is None else "fixed-A",
         n_runs=data.n_runs,
-        noise={"sd_white": noise.sd_white, "sd_wobble": noise.sd_wobble, "corr_gpu_hours": noise.corr,
-               "n_eff": noise.n_eff},
+        noise=noise.as_dict(),
         draws=draws,
     )
     return FitState(fit=fit, cells=cells, sigma2=sigma2, data=data)

@@ -212,7 +212,8 @@ def test_verdicts_against_the_base(states):
     assert flatter.label == MOVES_B and flatter.dB < 0 and flatter.b_basis == COMMON_A
     same = verdict_of("same")
     assert same.label == NO_CHANGE, same.detail
-    assert same.resolution[0] < 0.02  # a sharp comparison: 81 points to 16k GPU-hours
+    # a sharp comparison: 81 points to 16k GPU-hours (0.0235; 0.019 before the noise model held slow departures)
+    assert same.resolution[0] < 0.025
     # A 0.015 lower, B unchanged: A moved, and B, compared on the own fits, did not
     npr = verdict_of("npr")
     assert npr.label == MOVES_A and npr.small and npr.b_basis == OWN_FITS, npr.detail

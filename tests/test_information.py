@@ -37,9 +37,13 @@ def test_the_gradient_of_the_compute_to_reach_a_reward():
     assert ln_compute_gradient(LAW, r) == pytest.approx(numeric, rel=1e-4)
 
 
-def test_the_wobble_and_white_noise_covariance_by_hand():
-    cov = noise_covariance(np.array([0.0, 1000.0]), sd_white=0.003, sd_wobble=0.004, corr=1000.0)
+def test_the_white_wobble_and_slow_noise_covariance_by_hand():
+    noise = {"sd_white": 0.003, "sd_wobble": 0.004, "corr_gpu_hours": 1000.0}
+    cov = noise_covariance(np.array([0.0, 1000.0]), noise)
     assert cov == pytest.approx(np.array([[9e-6 + 16e-6, 16e-6 * math.exp(-1)], [16e-6 * math.exp(-1), 25e-6]]))
+    # slow departures of sd 0.002 over 4,000 GPU-h: 4e-6 more on the diagonal, 4e-6 exp(-1/4) off it
+    slow = noise_covariance(np.array([0.0, 1000.0]), noise | {"sd_slow": 0.002, "corr_slow_gpu_hours": 4000.0})
+    assert slow - cov == pytest.approx(np.array([[4e-6, 4e-6 * math.exp(-0.25)], [4e-6 * math.exp(-0.25), 4e-6]]))
 
 
 def test_a_curve_continued_at_its_own_pace():
