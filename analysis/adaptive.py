@@ -23,6 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from analysis import information
+from analysis.extrapolate import predicted_end
 from analysis.fit import FitError, SigmoidFit, fmt_compute
 from analysis.joint import fit_common_A
 from analysis.law import C_MIN_FRACTION, prepare
@@ -321,10 +322,14 @@ def _noise(noise: dict) -> dict:
 
 
 def _band(fit: SigmoidFit, c_rung: float, c_full: float, points: int = 12) -> list[list[float]]:
-    """[compute, low, high]: the law's 90% band from the rung to the full budget."""
+    """[compute, low, high]: the 90% prediction of what the run will show from the rung to the full budget (a point's
+    value: the law's uncertainty, its noise and the drift beyond the data, analysis/extrapolate.py)."""
     c = np.geomspace(c_rung, c_full, points) if c_full > c_rung > 0 else np.array([c_full])
-    lo, hi = fit.predict_interval(c)
-    return [[float(x), float(a), float(b)] for x, a, b in zip(c, lo, hi)]
+    out = []
+    for x in c:
+        _, (lo, hi) = predicted_end(fit, np.array([x]))
+        out.append([float(x), float(lo), float(hi)])
+    return out
 
 
 def _num(x: float) -> str:

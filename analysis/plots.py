@@ -117,7 +117,7 @@ def plot_variant(curves: Sequence[RunCurve], fit: SigmoidFit, path: Path, title:
                  forecast: Sequence[Sequence[float]] | None = None) -> Path:
     """One variant: each seed's points (hollow where left out of the fit), R0 squares, the fit with its band,
     A dashed, c_min dotted; with `extrap` (analysis.extrapolate.Extrapolation) the half-run fit and power law; with
-    `forecast` ([compute, low, high] rows: an adaptive sweep's decision) the 90% band of the law it had fitted, to the
+    `forecast` ([compute, low, high] rows: an adaptive sweep's decision) the 90% prediction it had made, to the
     full budget at the rung it stopped."""
     fig, ax = _figure(6.6, 4.4, margins=dict(left=0.11, right=0.97, bottom=0.11, top=0.88))
     unit, size = _unit_of(curves)
@@ -140,15 +140,21 @@ def plot_variant(curves: Sequence[RunCurve], fit: SigmoidFit, path: Path, title:
     if forecast:
         c, lo, hi = (np.array(col, dtype=float) for col in zip(*forecast))
         ax.fill_between(c / size, lo, hi, color="C4", alpha=0.3, lw=0,
-                        label=f"the law to its budget ({fmt_compute(float(c[-1]) / size)} {unit}) when it stopped, "
-                              "90%")
+                        label=f"predicted to its budget ({fmt_compute(float(c[-1]) / size)} {unit}) when it "
+                              "stopped, 90%")
         ax.set_xlim(right=max(ax.get_xlim()[1], 1.05 * float(c[-1]) / size))
     if extrap is not None and extrap.ok:
         grid = _grid(curves)
         ax.axvline(extrap.c_fit / size, ls="-.", color="0.6", lw=0.8)
-        ax.plot(grid[1:] / size, extrap.sigmoid.predict(grid[1:]), "--", color="C2", lw=1.2,
-                label=f"fit on C <= {fmt_compute(extrap.c_fit / size)}: end {extrap.predicted:.3f} vs "
-                      f"{extrap.observed:.3f}")
+        draws = extrap.sigmoid.predict_draws(grid[1:])  # the prediction's median, as the check prints it
+        ahead = np.median(draws, axis=0) if len(draws) else extrap.sigmoid.predict(grid[1:])
+        ax.plot(grid[1:] / size, ahead, "--", color="C2", lw=1.2,
+                label=f"fit on C <= {fmt_compute(extrap.c_fit / size)}: end {extrap.predicted:.3f} "
+                      f"[{extrap.predicted_ci[0]:.3f}, {extrap.predicted_ci[1]:.3f}] vs {extrap.observed:.3f}"
+                      + ("" if extrap.covered else " (not predicted)"))
+        ax.errorbar([extrap.c_end / size], [extrap.predicted],
+                    yerr=[[extrap.predicted - extrap.predicted_ci[0]], [extrap.predicted_ci[1] - extrap.predicted]],
+                    fmt="none", ecolor="C2", capsize=3, lw=1.2)
         if extrap.power is not None and extrap.power.ok:
             c = grid[grid >= extrap.c_fit * 0.2]
             ceiling = "none below 1" if extrap.power.A >= 1.0 else f"A = {extrap.power.A:.3f}"

@@ -256,9 +256,52 @@ def test_extrapolation_from_half_the_compute():
     truth_end = float(sigmoid_law(check.end_compute, **TRUTH).mean())
     assert check.predicted == pytest.approx(truth_end, abs=0.02)
     assert check.predicted_ci[0] <= truth_end <= check.predicted_ci[1]
+    assert check.predicted_ci[0] < check.predicted < check.predicted_ci[1] and check.covered
     assert abs(check.error) < 0.03
     # the power law beside it: fitted to the same points, a ceiling above the sigmoid's
     assert check.power.ok and check.power.A > check.sigmoid.A
+
+
+def test_the_predicted_end_by_hand():
+    """A fit whose every posterior draw is the law itself (no uncertainty of the law): the prediction of the mean of
+    4 end points 1,000 GPU-h apart is the law's mean there, and its 90% interval +-1.645 sd with sd^2 the noise of
+    that mean plus the drift: white 0.004 (sd^2 / 4 = 4e-6), a wobble of 0.003 over 1,000 GPU-h (9e-6 x the mean of
+    exp(-|i - j|): (4 + 6e^-1 + 4e^-2 + 2e^-3) / 16) and the drift of DRIFT a doubling, here log2(16,000 / 8,000) = 1
+    at the last point, log2 of 13/8 to 16/8 averaged over the four)."""
+    import math
+
+    from analysis.extrapolate import DRIFT, predicted_end
+
+    law = dict(A=0.61, B=1.9, C_mid=2542.0, R0=0.3)
+    draws = np.tile([law["A"], law["B"], law["C_mid"], law["R0"]], (200, 1))
+    fit = SigmoidFit(**law, c_max=8000.0, noise={"sd_white": 0.004, "sd_wobble": 0.003, "corr_gpu_hours": 1000.0},
+                     draws=draws)
+    end = np.array([13000.0, 14000.0, 15000.0, 16000.0])
+    mid, (lo, hi) = predicted_end(fit, end)
+    assert mid == pytest.approx(float(sigmoid_law(end, **law).mean()), abs=1e-9)
+    wobble = 9e-6 * (4 + 6 * math.exp(-1) + 4 * math.exp(-2) + 2 * math.exp(-3)) / 16
+    drift = DRIFT * float(np.mean(np.log2(end / 8000.0)))
+    sd = math.sqrt(16e-6 / 4 + wobble + drift**2)
+    assert (lo, hi) == pytest.approx((mid - 1.6448536 * sd, mid + 1.6448536 * sd), abs=1e-6)
+    # no drift inside the data: points at or before the fit's last compute carry only the noise
+    _, (lo_in, hi_in) = predicted_end(fit, np.array([5000.0, 6000.0, 7000.0, 8000.0]))
+    assert (hi_in - lo_in) / 2 / 1.6448536 == pytest.approx(math.sqrt(16e-6 / 4 + wobble), rel=1e-5)
+
+
+def test_the_prediction_is_the_median_of_what_the_draws_predict_not_the_law_at_the_estimate():
+    """A fit at A 0.60 whose posterior draws sit at A 0.62 (half) and 0.64 (half), a noiseless end point inside the
+    data (no drift): the prediction is the draws' median, halfway between their two values, and the interval runs
+    from one to the other; the law at the estimate (0.60) would lie outside it."""
+    from analysis.extrapolate import predicted_end
+
+    law = dict(B=1.9, C_mid=2542.0, R0=0.3)
+    draws = np.array([[A, law["B"], law["C_mid"], law["R0"]] for A in [0.62] * 100 + [0.64] * 100])
+    fit = SigmoidFit(A=0.60, **law, c_max=16000.0, noise={"sd_white": 0.0}, draws=draws)
+    end = np.array([16000.0])
+    at = {A: float(sigmoid_law(end, A=A, **law)[0]) for A in (0.60, 0.62, 0.64)}
+    mid, (lo, hi) = predicted_end(fit, end)
+    assert mid == pytest.approx((at[0.62] + at[0.64]) / 2) and (lo, hi) == pytest.approx((at[0.62], at[0.64]))
+    assert not lo <= at[0.60] <= hi
 
 
 def test_power_law_recovers_a_power_law():
