@@ -128,13 +128,16 @@ class Law:
 
     precision: Sigma^-1 (a Precision; None: ordinary least squares). A measured R0 adds its prior,
     ((R0 - R0_measured) / r0_sd)^2, to the sum of squares and 1 / r0_sd^2 to the information. firth: the objective
-    subtracts 1/2 log det of the information J^T Sigma^-1 J (prior included)."""
+    subtracts 1/2 log det of the information J^T Sigma^-1 J (prior included). shapes (n, k): departures from the law
+    added to it with a coefficient each, after log C_mid (before R0): analysis/misfit.py's test."""
 
-    def __init__(self, log_c, r, R0, A_fixed, *, precision: Precision | None = None, r0_sd=0.0, firth=False):
+    def __init__(self, log_c, r, R0, A_fixed, *, precision: Precision | None = None, r0_sd=0.0, firth=False,
+                 shapes: np.ndarray | None = None):
         self.log_c, self.r, self.R0, self.A_fixed = log_c, r, R0, A_fixed
         self.P, self.r0_sd, self.firth = precision, r0_sd, firth
         self.free_r0 = r0_sd > 0
         self.i_b = 0 if A_fixed is not None else 1  # index of log B; log C_mid follows
+        self.shapes = np.zeros((len(r), 0)) if shapes is None else np.asarray(shapes, dtype=float)
 
     def _A(self, X: np.ndarray) -> np.ndarray:
         return X[:, 0] if self.A_fixed is None else np.full(len(X), float(self.A_fixed))
@@ -150,9 +153,12 @@ class Law:
         s = expit(B[:, None] * dx)
         gain = (A - R0)[:, None]
         ds = gain * s * (1.0 - s)
+        k = self.shapes.shape[1]
         cols = ([s] if self.A_fixed is None else []) + [ds * B[:, None] * dx, -ds * B[:, None]]
+        cols += [np.broadcast_to(self.shapes[:, j], s.shape) for j in range(k)]
         cols += [1.0 - s] if self.free_r0 else []
-        return R0[:, None] + gain * s - self.r[None, :], np.stack(cols, axis=-1)
+        model = R0[:, None] + gain * s + X[:, self.i_b + 2:self.i_b + 2 + k] @ self.shapes.T
+        return model - self.r[None, :], np.stack(cols, axis=-1)
 
     def _weighted(self, e: np.ndarray, jac: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Sigma^-1 applied to each row's residuals and Jacobian columns, all in one banded solve."""

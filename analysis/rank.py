@@ -325,6 +325,8 @@ CATEGORIES = (MOVES_A, MOVES_B, BOTH, MOVES_C, NO_CHANGE)
 NOT_TESTABLE = "not testable at this scale"  # the sweep says the axis cannot show its effect here: no verdict
 # a run's data stop before its fitted C_mid and nothing else moved: no verdict on A, so none at all yet
 A_NOT_IDENTIFIED = "A not identified yet"
+# the run departs from the law beyond its own noise (analysis/misfit.py): no ceiling is read from it
+MISFIT = "the law does not describe it"
 OWN_FITS, COMMON_A = "own fits", "common A"
 
 
@@ -334,7 +336,7 @@ CLAIMS = ("A", "B", "compute")  # what a verdict claims, in the order they are d
 @dataclass(frozen=True)
 class Verdict:
     label: str  # a CATEGORIES entry, or: base | no fit | no base | no verdict (a failed or truncated run) |
-    #             not testable at this scale
+    #             not testable at this scale | the law does not describe it
     dA: float | None = None  # A - A_base, own fits
     dB: float | None = None  # B - B_base, as compared (b_basis)
     b_basis: str = ""  # OWN_FITS or COMMON_A: which B were compared

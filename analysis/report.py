@@ -27,8 +27,9 @@ from analysis.joint import CommonAFit, fit_common_A
 from analysis.law import FitError, SigmoidFit, prepare
 from analysis.plots import plot_linearized, plot_overview, plot_params, plot_variant
 from analysis.posterior import fit_state
-from analysis.rank import (A_NOT_IDENTIFIED, A_TIE, BASELINE, CATEGORIES, NOT_TESTABLE, Ranked, Verdict, rank_fits,
-                           verdict)
+from analysis.misfit import Misfit, misfit
+from analysis.rank import (A_NOT_IDENTIFIED, A_TIE, BASELINE, CATEGORIES, MISFIT, NOT_TESTABLE, Ranked, Verdict,
+                           rank_fits, verdict)
 from analysis.spread import Spread, estimate, recipe_verdict
 from analysis.runs import (
     ALL_SWEEPS,
@@ -59,9 +60,11 @@ CSV_EXTRA = ["C_mid_lo", "C_mid_hi", "rank", "rank_common_A", "rank_B", "rank_B_
              "extrap_observed", "powerlaw_A", "powerlaw_predicted", "true_A", "true_B", "true_C_mid", "true_dA",
              "true_dB", "true_compute_ratio", "truth_says", "truth_disagrees", "notes",
              "verdict_recipe", "dA_recipe", "resolution_dA_recipe", "resolution_dB_recipe", "spread_sd_A",
-             "spread_sd_B", "spread_source", "recipe_truth_says", "recipe_truth_disagrees", "compared_to_gpu_hours"]
+             "spread_sd_B", "spread_source", "recipe_truth_says", "recipe_truth_disagrees", "compared_to_gpu_hours",
+             "extrap_covered", "misfit", "misfit_z"]
 # after the notes: the verdict about the recipes (the spread between runs added: analysis/spread.py) and what it used,
-# its judgement by the mock's recipe truth, and an adaptive sweep's cut of the base
+# its judgement by the mock's recipe truth, an adaptive sweep's cut of the base; whether the half-run check's
+# prediction held the observed end, and the run's strongest departure from the law (analysis/misfit.py) with its z
 ARTIFACT_DIR = "report"
 EXTRAPOLATION_FRACTION = 0.5
 
@@ -91,6 +94,7 @@ class ReportRow:
     recipe_truth: Truth | None = None  # mock runs: the variant's own law (its recipe's, before any run's draw)
     recipe_expected: Expected | None = None
     compared_to: float | None = None  # an adaptive sweep's: the compute the base was cut at for its verdict
+    misfit: Misfit | None = None  # the strongest departure from the law (flagged: the law does not describe it)
 
     @property
     def note(self) -> str:
@@ -369,6 +373,7 @@ def variant_rows(curves: list[RunCurve], out: Path = Path("."), *, prior: Spread
     fits = [st if isinstance(st, SigmoidFit) else st.fit for st in states]
     seed_fits = [[fits[i]] if len(group) == 1 else [_fit_of(_state([c], c_min)) for c in group]
                  for i, group in enumerate(groups)]
+    departures = [_misfit(group, fit) for group, fit in zip(groups, fits)]
     truths = [run_truth([c.params for c in group]) for group in groups]
     recipes = [recipe_truth([c.params for c in group]) for group in groups]
     used = estimate([seed_fits[i] for i in range(len(complete))], prior)
@@ -408,7 +413,8 @@ def variant_rows(curves: list[RunCurve], out: Path = Path("."), *, prior: Spread
 
         bounds, locked = (rule.bounds, rule.locked) if rule is not None else (None, ())
         v = _verdict(i, base_i, fits[i], base_fit, pair_common, why,
-                     next((c.untestable for c in group if c.untestable), ""), bounds, locked, base, unit)
+                     next((c.untestable for c in group if c.untestable), ""), bounds, locked, base, unit,
+                     departures[i], departures[base_i] if base_i is not None else None)
         recipe = (recipe_verdict(v, fits[i], base_fit, seed_fits[i], base_seeds, used,
                                  bound=rule.recipe_bound if rule is not None else None)
                   if base_fit is not None and v.label in (*CATEGORIES, A_NOT_IDENTIFIED) else None)
@@ -436,6 +442,7 @@ def variant_rows(curves: list[RunCurve], out: Path = Path("."), *, prior: Spread
             recipe_expected=(expected(recipes[i], recipes[base_i], recipe.resolution, recipe.compute)
                              if recipe_seen else None),
             compared_to=rule.compute if rule is not None else None,
+            misfit=departures[i],
         ))
     return (rows, used) if with_spread else rows
 
@@ -445,7 +452,8 @@ def _fit_of(state) -> SigmoidFit:
 
 
 def _verdict(i: int, base_i: int | None, fit: SigmoidFit, base_fit: SigmoidFit | None, common, why_incomplete: str,
-             untestable: str, bounds=None, locked=(), base: str = BASELINE, unit: str = "GPU-h") -> Verdict:
+             untestable: str, bounds=None, locked=(), base: str = BASELINE, unit: str = "GPU-h",
+             departs: Misfit | None = None, base_departs: Misfit | None = None) -> Verdict:
     if why_incomplete:
         return Verdict("no verdict", detail=f"incomplete: {why_incomplete}")
     if untestable and i != base_i:
@@ -453,9 +461,28 @@ def _verdict(i: int, base_i: int | None, fit: SigmoidFit, base_fit: SigmoidFit |
     if base_i is None:
         return verdict(fit, None, base_name=base)
     if i == base_i:
-        return Verdict("base", dA=0.0, dB=0.0, detail="the base recipe") if fit.ok else verdict(fit, None,
-                                                                                               base_name=base)
+        if not fit.ok:
+            return verdict(fit, None, base_name=base)
+        tail = f"; {MISFIT}: it {departs.text(unit)}" if departs is not None and departs.flagged else ""
+        return Verdict("base", dA=0.0, dB=0.0, detail=f"the base recipe{tail}")
+    if departs is not None and departs.flagged and fit.ok:
+        return Verdict(MISFIT, detail=f"{MISFIT}: the run {departs.text(unit)}, beyond its own noise; its A is not "
+                                      "a ceiling, so no claim is made")
+    if base_departs is not None and base_departs.flagged and fit.ok:
+        return Verdict("no base", detail=f"{base}'s run {base_departs.text(unit)}: {MISFIT}, so it has no ceiling to "
+                                         "compare with")
     return verdict(fit, base_fit, common=common, bounds=bounds, locked=locked, base_name=base, unit=unit)
+
+
+def _misfit(group: list[RunCurve], fit: SigmoidFit) -> Misfit | None:
+    """The strongest departure of a variant's pooled points from its fit (None without a fit)."""
+    if not fit.ok:
+        return None
+    compute, reward, runs = _pooled(group)
+    try:
+        return misfit(compute, reward, fit, runs=runs)
+    except FitError:
+        return None
 
 
 def _pooled(group: list[RunCurve]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -624,6 +651,11 @@ def _write_csv(rows: list[ReportRow], path: Path, spread: Spread = Spread()) -> 
             recipe += [_csv_num(spread.sd_A), _csv_num(spread.sd_B), spread.source] if r is not None else [""] * 3
             recipe += [row.recipe_expected.text if row.recipe_expected is not None else "", row.recipe_truth_disagrees,
                        _csv_num(row.compared_to)]
+            departs = row.misfit
+            recipe += ["" if not row.extrapolation.ok else str(row.extrapolation.covered).lower(),
+                       departs.text(row.curve.unit if row.curve.unit != "GPU-hours" else "GPU-h")
+                       if departs is not None and departs.flagged else "",
+                       _csv_num(departs.z) if departs is not None else ""]
             fit, v, ex, b_fit = row.fit, row.verdict, row.extrapolation, row.ranked.b_fit
             if fit.ok:
                 numbers = [fit.A, *fit.ci["A"], fit.B, *fit.ci["B"], fit.C_mid, fit.R0, fit.n_points]

@@ -3,7 +3,7 @@
 A curve follows Eq. 1 plus a slow run-level wobble (an AR(1) process in compute, `wobble`) and the binomial noise
 of `n_prompts` x `samples` validation answers per point; the point at compute 0 has the binomial noise only. Two
 sets: `benchmark_curves` (runs that pass their midpoint, the mock's noise) and `heldout_like_curves` (runs that stop
-near their midpoint, with more noise). `mock_curve` is a run of generator=mock without the trainer: its validation
+near their midpoint, with more noise), and `drifting_curves` (those, drifting off their law as real runs do). `mock_curve` is a run of generator=mock without the trainer: its validation
 (`mean_at_k`, which the mock generator calls too), its run-to-run A, its wobble and its clock, for the power bench.
 What each set draws: docs/fitting.md#synthetic-curves.
 """
@@ -109,12 +109,7 @@ def heldout_like_curve(rng: np.random.Generator) -> Curve:
       from it).
     A in 0.45-0.80 (the paper's grid), B in 1-3, R0 in 0.20-0.40; a point every 100-400 GPU-hours; the paper's
     1,000 prompts x 16 samples of binomial noise."""
-    truth = Truth(
-        A=float(rng.uniform(0.45, 0.80)),
-        B=float(rng.uniform(1.0, 3.0)),
-        C_mid=float(math.exp(rng.uniform(math.log(1500.0), math.log(12000.0)))),
-        R0=float(rng.uniform(0.20, 0.40)),
-    )
+    truth = heldout_like_truth(rng)
     compute = np.arange(0.0, HELDOUT_C_MAX + 1e-9, float(rng.uniform(100.0, 400.0)))
     rate = truth(compute) + wobble(rng, compute, float(rng.uniform(0.001, 0.0065)), float(rng.uniform(300.0, 3000.0)))
     early_sd, early_gpu_hours = float(rng.uniform(0.0, 0.02)), float(rng.uniform(500.0, 2000.0))
@@ -125,10 +120,34 @@ def heldout_like_curve(rng: np.random.Generator) -> Curve:
     return Curve(truth=truth, compute=compute, reward=reward)
 
 
+def heldout_like_truth(rng: np.random.Generator) -> Truth:
+    """The held-out-like set's laws: A in 0.45-0.80 (the paper's grid), B in 1-3, C_mid log-uniform in 1.5k-12k
+    GPU-hours, R0 in 0.20-0.40."""
+    return Truth(
+        A=float(rng.uniform(0.45, 0.80)),
+        B=float(rng.uniform(1.0, 3.0)),
+        C_mid=float(math.exp(rng.uniform(math.log(1500.0), math.log(12000.0)))),
+        R0=float(rng.uniform(0.20, 0.40)),
+    )
+
+
 def heldout_like_curves(n: int, seed: int = 0) -> list[Curve]:
     """n curves of the held-out-like set (heldout_like_curve)."""
     rng = np.random.default_rng(seed)
     return [heldout_like_curve(rng) for _ in range(n)]
+
+
+def drifting_curves(n: int, seed: int = 0) -> list[Curve]:
+    """n held-out-like curves that also drift off their law as real runs do (docs/fitting.md#real-noise): slow
+    departures of sd 0.002-0.006 correlated over a quarter of the run to all of it, on top of the held-out-like
+    noise; what the generated sets lacked beside the public runs."""
+    rng = np.random.default_rng([seed, 31])
+    out = []
+    for curve in heldout_like_curves(n, seed):
+        slow = wobble(rng, curve.compute, float(rng.uniform(0.002, 0.006)),
+                      float(rng.uniform(0.25, 1.0)) * HELDOUT_C_MAX)
+        out.append(Curve(truth=curve.truth, compute=curve.compute, reward=np.clip(curve.reward + slow, 0.0, 1.0)))
+    return out
 
 
 # --- runs of generator=mock, without the trainer -------------------------------------------------------------------
