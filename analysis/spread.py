@@ -16,16 +16,20 @@ from typing import Callable, Sequence
 
 from analysis.information import ln_compute_gradient
 from analysis.law import CI_LEVEL, SigmoidFit
-from analysis.rank import (A_NOT_IDENTIFIED, A_TIE, BOTH, CATEGORIES, CRITICAL, MOVES_A, MOVES_B, MOVES_C, NO_CHANGE,
-                           OWN_FITS, Claim, Verdict, _halves, _z)
+from analysis.rank import (A_NOT_IDENTIFIED, A_TIE, ALPHA, BOTH, CATEGORIES, CRITICAL, MOVES_A, MOVES_B, MOVES_C,
+                           NO_CHANGE, OWN_FITS, Claim, Verdict, _halves, _z)
 
 # The paper's three runs of ScaleRL gave A "within +-0.015". Read as their largest deviation from their mean: three
 # draws of a normal have it at 0.977 sd on average, so sd ~ 0.015; three runs are 2 degrees of freedom. The paper
-# gives no spread of B: none is assumed until replicate seeds measure one.
+# gives no spread of B, and no public RL runs the project collected hold replicate seeds of one recipe
+# (analysis/data/real_curves/README.md): B's spread is unknown until replicate seeds (or a stated prior, sweep.run_sd_B)
+# measure it, and until then the recipes' B is not compared (docs/fitting.md#recipes-not-runs).
 PRIOR_SD_A = 0.015
-PRIOR_SD_B = 0.0
+PRIOR_SD_B = 0.0  # none stated
 PRIOR_DOF = 2.0
 RECIPES, RUNS = "recipes", "runs"
+B_UNKNOWN = ("no claim about the recipes' B: no spread of B between runs is known (replicate seeds measure it: "
+             "two runs of a variant, e.g. sweep.base_seeds=2)")
 
 
 @dataclass(frozen=True)
@@ -38,16 +42,27 @@ class Spread:
     dof: int = 0  # the replicates' degrees of freedom (sum over variants of seeds - 1)
     seeds_sd_A: float | None = None  # the replicates' own estimate (None without replicates)
     seeds_sd_B: float | None = None
+    dof_B: int = 0  # the replicates' degrees of freedom for B (seeds with a bounded B interval)
+    prior_sd_B: float | None = None  # the prior's sd of B (None: sd_B is the prior itself); 0: none stated
+
+    @property
+    def b_dof(self) -> float:
+        """The degrees of freedom behind the spread of B: the prior's where it states one, and the replicates'.
+        0: the spread of B is unknown, and the recipes' B is not compared."""
+        stated = self.sd_B if self.prior_sd_B is None else self.prior_sd_B
+        return (self.prior_dof if stated > 0 else 0.0) + self.dof_B
 
     @property
     def source(self) -> str:
         """ "a prior (the paper's three runs, 2 dof)", "replicate seeds (3 dof) and the prior (2 dof)"."""
         prior = f"the prior ({self.prior_dof:g} dof)" if self.prior_dof else ""
+        b = f"of B {self.sd_B:.2f}" if self.b_dof else "of B unknown"
         if not self.dof:
-            return (f"a prior, sd of A {self.sd_A:.3f} and of B {self.sd_B:.2f} between runs, {self.prior_dof:g} dof; "
+            return (f"a prior, sd of A {self.sd_A:.3f} and {b} between runs, {self.prior_dof:g} dof; "
                     "replicate seeds measure it: two runs of a variant (a sweep's sweep.base_seeds=2)")
-        seeds = (f"replicate seeds ({self.dof} dof: sd of A {self.seeds_sd_A:.3f}, of B {self.seeds_sd_B:.2f})")
-        return f"{seeds}{' and ' + prior if prior else ''}: sd of A {self.sd_A:.3f}, of B {self.sd_B:.2f}"
+        seeds = (f"replicate seeds ({self.dof} dof: sd of A {self.seeds_sd_A:.3f}"
+                 + (f", of B {self.seeds_sd_B:.2f}" if self.dof_B else "") + ")")
+        return f"{seeds}{' and ' + prior if prior else ''}: sd of A {self.sd_A:.3f}, {b}"
 
 
 def seed_sd(fit: SigmoidFit, name: str, top: float) -> tuple[float, float]:
@@ -76,17 +91,20 @@ def estimate(groups: Sequence[Sequence[SigmoidFit]], prior: Spread = Spread()) -
             sums[name][0] += q - (n - 1) / n * sum(s * s for _, s in usable)
             sums[name][1] += n - 1
     dof = sums["A"][1]
+    stated_B = prior.sd_B if prior.prior_sd_B is None else prior.prior_sd_B
     if not dof:
-        return replace(prior, dof=0, seeds_sd_A=None, seeds_sd_B=None)
+        return replace(prior, dof=0, seeds_sd_A=None, seeds_sd_B=None, dof_B=0, prior_sd_B=stated_B)
 
-    def pooled(name: str, tau_prior: float) -> tuple[float, float]:
+    def pooled(name: str, tau_prior: float, weight: float) -> tuple[float, float]:
         moment, k = sums[name]
         seeds = max(moment / k, 0.0) if k else 0.0
-        tau2 = (prior.prior_dof * tau_prior**2 + k * seeds) / (prior.prior_dof + k) if prior.prior_dof + k else 0.0
+        tau2 = (weight * tau_prior**2 + k * seeds) / (weight + k) if weight + k else 0.0
         return math.sqrt(max(tau2, 0.0)), math.sqrt(seeds)
 
-    (sd_A, seeds_A), (sd_B, seeds_B) = pooled("A", prior.sd_A), pooled("B", prior.sd_B)
-    return Spread(sd_A=sd_A, sd_B=sd_B, prior_dof=prior.prior_dof, dof=dof, seeds_sd_A=seeds_A, seeds_sd_B=seeds_B)
+    (sd_A, seeds_A) = pooled("A", prior.sd_A, prior.prior_dof)
+    (sd_B, seeds_B) = pooled("B", stated_B, prior.prior_dof if stated_B > 0 else 0.0)  # no prior of B: seeds alone
+    return Spread(sd_A=sd_A, sd_B=sd_B, prior_dof=prior.prior_dof, dof=dof, seeds_sd_A=seeds_A, seeds_sd_B=seeds_B,
+                  dof_B=sums["B"][1], prior_sd_B=stated_B)
 
 
 def _combined(fits: Sequence[SigmoidFit], name: str, top: float, tau: float) -> tuple[float, float, float, int]:
@@ -132,9 +150,12 @@ def recipe_verdict(run: Verdict, fit: SigmoidFit, base_fit: SigmoidFit, variant:
     b = recipe_claim(variant, base, "B", spread.sd_B)
     if a is not None and b is not None:
         a = replace(a, c=bound("A", spread.sd_A**2 * per_side))
-        b = replace(b, c=bound("B", spread.sd_B**2 * per_side))
+        extra_B = spread.sd_B**2 * per_side
+        b = replace(b, c=bound("B", extra_B) * t_factor(b.sd**2, extra_B, spread.b_dof))
     if a is None or b is None:
         return replace(run, level=RECIPES, detail="no seed with a bounded interval to compare")
+    if not spread.b_dof:
+        b = replace(b, sd_down=math.inf, sd_up=math.inf)  # no claim, and no resolution, on B
     if not run.A_identified:
         a = replace(a, sd_down=math.inf, sd_up=math.inf)
     compute = run.compute
@@ -143,7 +164,7 @@ def recipe_verdict(run: Verdict, fit: SigmoidFit, base_fit: SigmoidFit, variant:
         for f, n in ((fit, len(variant)), (base_fit, len(base))):
             g = ln_compute_gradient((f.A, f.B, f.C_mid, f.R0), compute.R_star)
             extra += ((g[0] * spread.sd_A) ** 2 + (g[1] / f.B * spread.sd_B) ** 2) / max(n, 1)
-        ln, widen = compute.claim, math.sqrt(extra)
+        ln, widen = compute.claim, math.sqrt(extra) if spread.b_dof else math.inf  # C* moves with B's spread too
         ln = replace(ln, sd_down=math.hypot(ln.sd_down, widen), sd_up=math.hypot(ln.sd_up, widen),
                      c=bound("compute", extra))
         compute = replace(compute, claim=ln, moved=ln.moved, resolution=ln.resolution)
@@ -153,12 +174,25 @@ def recipe_verdict(run: Verdict, fit: SigmoidFit, base_fit: SigmoidFit, variant:
     label = (BOTH if a_moved and b_moved else MOVES_A if a_moved else MOVES_B if b_moved else MOVES_C if c_moved
              else NO_CHANGE if run.A_identified else A_NOT_IDENTIFIED)
     claims = {"A": a, "B": b} | ({"compute": compute.claim} if compute is not None and compute.claim else {})
+    b_said = f"ΔB {b.d:+.2f} own fits, z = {b.z:+.2f}" if spread.b_dof else f"ΔB {b.d:+.2f} own fits: {B_UNKNOWN}"
     detail = (f"the recipes (the spread between runs added, {spread.source}): ΔA {a.d:+.3f}, z = {a.z:+.2f}; "
-              f"ΔB {b.d:+.2f} own fits, z = {b.z:+.2f}"
+              f"{b_said}"
               + (f"; compute {compute.ratio:.2f}x, z = {compute.claim.z:+.2f}" if compute is not None else ""))
     return Verdict(label, dA=a.d, dB=b.d, b_basis=OWN_FITS, B=None, small=a_moved and abs(a.d) < A_TIE,
                    resolution=(a.resolution, b.resolution), compute=compute, detail=detail,
                    A_identified=run.A_identified, claims=claims, level=RECIPES)
+
+
+def t_factor(var: float, extra: float, dof: float, alpha: float = ALPHA) -> float:
+    """How much a claim's critical value widens when `extra` of its variance `var` (the spread between runs) is an
+    estimate on `dof` degrees of freedom and the rest known: Student's t at the Satterthwaite degrees of freedom,
+    (var^2 / (extra^2 / dof)), over the normal quantile; 1 where nothing is estimated (or dof is 0: no claim)."""
+    from scipy.special import ndtri, stdtrit
+
+    if not (dof > 0 and extra > 0 and math.isfinite(var)) or math.isinf(dof):
+        return 1.0
+    dof_eff = var**2 / (extra**2 / dof)
+    return float(stdtrit(dof_eff, 1 - alpha / 2) / ndtri(1 - alpha / 2))
 
 
 def resolution_A(sd_A_run: float, spread_sd: float, seeds: int = 1, base_seeds: int = 1,

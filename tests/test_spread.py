@@ -75,3 +75,28 @@ def test_a_move_between_these_runs_is_no_move_between_the_recipes_at_the_papers_
 def test_a_verdict_with_nothing_to_compare_stays_as_it_is():
     no_base = verdict(fit(0.6), None)
     assert recipe_verdict(no_base, fit(0.6), fit(0.6), [fit(0.6)], [], Spread()).label == "no base"
+
+
+def test_the_recipes_b_is_not_compared_until_a_spread_of_b_is_known():
+    """No replicate and no stated prior of B: the recipes' B claim is open (no claim, no resolution), said so, and the
+    compute's too (C* moves with B); A is compared as before. Two seeds of the base measure B's spread (B 2.0 and 2.4,
+    standard errors 0.2: Q = 0.08 less 1/2 x 0.08 = 0.04 on 1 dof, sd 0.2): B is compared, its critical value widened
+    by Student's t at the Satterthwaite degrees of freedom."""
+    v, b = fit(0.60, B=1.2), fit(0.61, B=2.0)
+    run = verdict(v, b)
+    unknown = recipe_verdict(run, v, b, [v], [b], Spread())
+    assert Spread().b_dof == 0 and not unknown.moves_B and math.isinf(unknown.resolution[1])
+    assert "no spread of B between runs is known" in unknown.detail and "of B unknown" in Spread().source
+    seeds = estimate([[b, fit(0.61, B=2.4)]], Spread())
+    assert seeds.dof_B == 1 and seeds.b_dof == 1 and seeds.sd_B == pytest.approx(0.2, rel=1e-6)
+    known = recipe_verdict(run, v, b, [v], [b, fit(0.61, B=2.4)], seeds)
+    claim = known.claims["B"]
+    assert math.isfinite(claim.resolution) and claim.c > 2.326
+    # the factor: Student's t at dof_eff = var^2 / (extra^2 / dof) over the normal quantile, at 0.99 (ALPHA 0.02)
+    from scipy.special import ndtri, stdtrit
+
+    from analysis.spread import t_factor
+    assert t_factor(0.05, 0.03, 1.0) == pytest.approx(stdtrit(0.05**2 / 0.03**2, 0.99) / ndtri(0.99))
+    assert t_factor(0.05, 0.0, 1.0) == 1.0 and t_factor(0.05, 0.03, math.inf) == 1.0
+    # a stated prior of B counts as known, with its degrees of freedom
+    assert Spread(sd_B=0.1).b_dof == Spread().prior_dof
