@@ -15,18 +15,23 @@ that do not depend on any verdict, and every design is applied to the same pairs
 Effects: dA = 0 (null pairs: a claim of A is false), -0.02, -0.03, -0.05 (B and C_mid held); a B-only move (dB -0.5,
 C_mid x 1.3, dA 0: loo-8op's shape: a claim of A is false); dB -0.25. At the run level both runs have the law's A
 (do these runs differ?); at the recipe level each run's A is drawn around its recipe's with the mock's run_sd_A
-(0.006), and claims are judged against the recipes (do the recipes differ?), read three ways: the run-level verdict
-taken as a claim about the recipes (what the report said before), the recipe-level verdict with the default prior
-of the spread (0.015, the paper's three runs), and with the spread the mock really has (as replicates would measure
-it). GPU-hours: each design's share of the full sweep's on the mock's LOO mix (its eight effects, one base run).
+(0.006) (and its B with --spread-B on the real layer), and claims are judged against the recipes (do the recipes
+differ?), read three ways: the run-level verdict taken as a claim about the recipes (what the report said before),
+the recipe-level verdict with the default prior of the spread (0.015 for A, the paper's three runs; B's unknown),
+and with the spread the runs really have (as replicates would measure it). GPU-hours: each design's share of the
+full sweep's on the mock's LOO mix (its eight effects, one base run).
 
-Two layers. `--layer gauss` (seconds): the Gaussian limit, each claim's estimate a Brownian motion in its Fisher
+Three layers. `--layer gauss` (seconds): the Gaussian limit, each claim's estimate a Brownian motion in its Fisher
 information (analysis/information.py; A and B independent, B at a common A), the same boundaries; it screens designs
 and settings. `--layer fits` (the default, ~1 h on 2 cores): synthetic pairs through the real fitter and the real
-rule.
+rule. `--layer real`: the fits layer's pairs with real noise: the mock's laws and clock, each run carrying the
+residuals of a different public RL run about its own fitted law, block-resampled onto the run
+(analysis/real_noise.py; `--donors calibration`, the default, or `holdout`, or file stems); at the recipe level
+each run's B is drawn around its recipe's too (`--spread-B`, 0.1: no public replicates measure it).
 
     python bench/bench_power.py --layer gauss                        # the screen: every design, 20,000 pairs
     python bench/bench_power.py                                      # the real fitter and rule (the table in docs)
+    python bench/bench_power.py --layer real --designs full,adaptive # the same on real noise
     python bench/bench_power.py --null 500 --pairs 200 --designs full,adaptive --levels run --jobs 2
     python bench/bench_power.py --futility 0.05 --layer gauss        # another rule setting
 
@@ -166,7 +171,7 @@ def adaptive(variant, base, steps: int, margin_A: float | None, futility: float)
         history.append(d)
         if d.stop:
             return history, step / steps
-    raise AssertionError("the last look always stops")
+    return history, 1.0  # no fit even at the full budget (a real run's noise can make a curve unfittable): it ran
 
 
 def _recipe_claims(recipes) -> list[tuple[int, int, int]]:
@@ -180,15 +185,15 @@ def run_pair(args) -> dict:
     from analysis.spread import Spread
     from analysis.synthetic import mock_curve
 
-    effect, seed, level, designs, futility = args
+    effect, seed, level, designs, futility, noise = args
     rng = np.random.default_rng([seed, 7])
     truth_v, truth_b = effect.truth(), BASE
     fixed = level == "run"
-    spreads = () if fixed else (Spread(), Spread(sd_A=NOISE.run_sd_A, prior_dof=1e9))
+    spread_B = noise.spread_B if noise.real else 0.0
+    spreads = () if fixed else (Spread(), Spread(sd_A=NOISE.run_sd_A, sd_B=spread_B, prior_dof=1e9))
 
     def run(truth, steps=NOISE.steps):
-        c = mock_curve(rng, truth, NOISE, steps=steps, run_A=truth.A if fixed else None)
-        return Curve(c.step, c.compute, c.reward)
+        return noise.run(rng, truth, steps, fixed)
 
     v, b = run(truth_v), run(truth_b)
     steps = NOISE.steps
@@ -224,18 +229,47 @@ def run_pair(args) -> dict:
     return out
 
 
+@dataclass(frozen=True)
+class Noise:
+    """Where a pair's runs get their noise: the mock's (the fits layer) or real runs' (`real`: the donors of
+    analysis/real_noise.py, `holdout` or `sources`); at the recipe level a real run's B is drawn around its recipe's
+    with sd `spread_B`."""
+
+    real: bool = False
+    holdout: bool = False
+    sources: tuple[str, ...] | None = None
+    spread_B: float = 0.1
+
+    def run(self, rng, truth: Truth, steps: int, fixed: bool):
+        """One run of `truth` to `steps`: the mock's clock and run-to-run A (not at the run level, `fixed`); its
+        validation the mock's, or the law plus a real run's residuals."""
+        from analysis.adaptive import Curve
+        from analysis.synthetic import mock_curve
+
+        if not self.real:
+            c = mock_curve(rng, truth, NOISE, steps=steps, run_A=truth.A if fixed else None)
+            return Curve(c.step, c.compute, c.reward)
+        from analysis import real_noise
+
+        pool = real_noise.donors(holdout=self.holdout, sources=self.sources)
+        if not fixed:
+            truth = replace(truth, B=max(truth.B + self.spread_B * rng.standard_normal(), 0.1))
+        c = mock_curve(rng, truth, NOISE, steps=steps, run_A=truth.A if fixed else None)
+        real = real_noise.real_curve(rng, c.truth, pool[int(rng.integers(len(pool)))], compute=c.compute)
+        return Curve(c.step, c.compute, real.reward)
+
+
 def run_sweep(args) -> dict:
     """The adaptive designs on one LOO sweep of the mock's mix (run A drawn as the mock draws it): the share of the
     full sweep's GPU-hours each spends (the base goes on to the last look any variant needed)."""
     from analysis.adaptive import Curve
     from analysis.synthetic import mock_curve
 
-    seed, designs, futility = args
+    seed, designs, futility, noise = args
     rng = np.random.default_rng([seed, 11])
 
     def run(truth):
-        c = mock_curve(rng, truth, NOISE)
-        return Curve(c.step, c.compute, c.reward)
+        return noise.run(rng, truth, NOISE.steps, False)
 
     base = run(BASE)
     variants = [run(e.truth()) for e in loo_mix()]
@@ -439,7 +473,7 @@ def cell(effect: Effect, r: dict) -> str:
     if effect.dA < 0:
         return f"{r['A down']:.3f} ±{se(r['A down'], n):.3f}"
     if effect.null:
-        return f"{r['A']:.3f} ±{se(r['A'], n):.3f} (any {r['any']:.3f})"
+        return f"{r['A']:.3f} ±{se(r['A'], n):.3f}, B {r['B']:.3f} (any {r['any']:.3f})"
     return f"B {r['B down']:.3f}, A {r['A']:.3f} ±{se(r['A'], n):.3f}"
 
 
@@ -460,14 +494,15 @@ def print_tables(figures: dict, designs: tuple[str, ...]) -> None:
                                                      for d in ds if d in figures["run"][EFFECTS[0].name]) + " |")
     if "recipe" in figures:
         ds = [d for d in RECIPE_DESIGNS if d in designs]
-        print("\nrecipe level, no effect (run A drawn around one recipe with sd 0.006): false claims of A per verdict, "
-              "read as the run-level verdict / the recipe-level verdict with the prior (0.015) / with sd 0.006")
-        print("| design | " + " | ".join(["runs' verdict", "recipes', prior 0.015", "recipes', sd 0.006"]) + " |")
-        print("|---|---|---|---|")
-        row = figures["recipe"][EFFECTS[0].name]
-        for d in ds:
-            if d in row:
-                print(f"| {d} | " + " | ".join(f"{r['A']:.3f} ±{se(r['A'], r['n']):.3f}" for r in row[d]) + " |")
+        print("\nrecipe level (run A drawn around one recipe with sd 0.006, and B with --spread-B on the real layer): "
+              "each effect's figure read as the run-level verdict / the recipe-level verdict with the prior (A 0.015, "
+              "B unknown) / with the runs' own spread")
+        print("| effect | design | runs' verdict | recipes', prior | recipes', the runs' spread |\n|---|---|---|---|---|")
+        for name, row in figures["recipe"].items():
+            effect = next(e for e in EFFECTS if e.name == name)
+            for d in ds:
+                if d in row:
+                    print(f"| {name} | {d} | " + " | ".join(cell(effect, r) for r in row[d]) + " |")
     if "null sweeps" in figures:
         print("\nLOO sweeps with no effect (8 variants, one base run; runs spread by 0.006): false A claims")
         print("| reading | per verdict | sweeps with 2 or more |\n|---|---|---|")
@@ -482,12 +517,15 @@ def print_tables(figures: dict, designs: tuple[str, ...]) -> None:
 
 def fits(args) -> dict:
     figures: dict = {}
+    noise = Noise(real=args.layer == "real", holdout=args.donors == "holdout",
+                  sources=None if args.donors in ("calibration", "holdout") else tuple(args.donors.split(",")),
+                  spread_B=args.spread_B)
     with ProcessPoolExecutor(args.jobs) as pool:
         for level in args.levels:
             designs = tuple(d for d in (RUN_DESIGNS if level == "run" else RECIPE_DESIGNS) if d in args.designs)
-            for effect in (EFFECTS if level == "run" else EFFECTS[:1]):
+            for effect in (EFFECTS if level == "run" or args.recipe_effects else EFFECTS[:1]):
                 n = args.null if effect.null else args.pairs
-                todo = [(effect, seed, level, designs, args.futility) for seed in range(n)]
+                todo = [(effect, seed, level, designs, args.futility, noise) for seed in range(n)]
                 results = list(pool.map(run_pair, todo, chunksize=4))
                 reads = 1 if level == "run" else 3
                 figures.setdefault(level, {})[effect.name] = {d: [rates(results, d, k) for k in range(reads)]
@@ -496,7 +534,7 @@ def fits(args) -> dict:
         adaptive_designs = [d for d in args.designs if d in MARGINS]
         hours = {d: SHARE[d] for d in args.designs if d in SHARE}
         if adaptive_designs and args.sweeps:
-            spent = list(pool.map(run_sweep, [(seed, tuple(adaptive_designs), args.futility)
+            spent = list(pool.map(run_sweep, [(seed, tuple(adaptive_designs), args.futility, noise)
                                               for seed in range(args.sweeps)]))
             hours |= {d: float(np.mean([s[d] for s in spent])) for d in adaptive_designs}
         figures["gpu_hours"] = hours
@@ -505,7 +543,16 @@ def fits(args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layer", choices=("fits", "gauss"), default="fits")
+    parser.add_argument("--layer", choices=("fits", "gauss", "real"), default="fits",
+                        help="gauss: the Gaussian limit (seconds); fits: the mock's noise through the real fitter and "
+                             "rule; real: the same with real runs' noise (analysis/real_noise.py)")
+    parser.add_argument("--donors", default="calibration",
+                        help="the real layer's noise: calibration (every source but the hold-out), holdout, or file "
+                             "stems of analysis/data/real_curves/, comma-separated")
+    parser.add_argument("--spread-B", type=float, default=0.1,
+                        help="the real layer's sd of B between runs of one recipe (recipe level)")
+    parser.add_argument("--recipe-effects", action="store_true",
+                        help="the recipe level at every effect (power), not only at no effect")
     parser.add_argument("--null", type=int, default=500, help="null pairs per level (>= 500 tells 0.02 from 0.05)")
     parser.add_argument("--pairs", type=int, default=200, help="pairs per non-null effect")
     parser.add_argument("--gauss-pairs", type=int, default=20000, help="pairs per effect in the Gaussian layer")
