@@ -73,6 +73,17 @@ def _validation_metric(metrics) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
+DONORS_HELP = ("the real layer's noise: calibration (every source but the hold-out), holdout, or file stems of "
+               "analysis/data/real_curves/, comma-separated")
+
+
+def parse_donors(text: str) -> tuple[bool, tuple[str, ...] | None]:
+    """A bench's --donors (DONORS_HELP) as `donors`' arguments: (holdout, sources)."""
+    if text in ("calibration", "holdout"):
+        return text == "holdout", None
+    return False, tuple(name.strip() for name in text.split(","))
+
+
 def source_names(*, holdout: bool = False, folder: Path = DATA) -> tuple[str, ...]:
     return tuple(sorted(p.stem for p in (folder / HOLDOUT if holdout else folder).glob("*.csv")))
 

@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from analysis import real_noise  # noqa: E402
 from analysis.extrapolate import extrapolation_check  # noqa: E402
 from analysis.fit import FitError, fit_sigmoid  # noqa: E402
 from analysis.misfit import misfit  # noqa: E402
@@ -89,9 +90,7 @@ def main() -> None:
     parser.add_argument("--set", choices=("heldout", "benchmark", "drifting"), default="heldout",
                         help="the generated layer's set: heldout, as hard as issue 13's held-out set (default); "
                              "benchmark: issue 4's; drifting: heldout with the slow departures real runs show")
-    parser.add_argument("--donors", default="calibration",
-                        help="the real layer's noise: calibration (every source but the hold-out), holdout, or file "
-                             "stems of analysis/data/real_curves/, comma-separated")
+    parser.add_argument("--donors", default="calibration", help=real_noise.DONORS_HELP)
     parser.add_argument("--block", type=float, default=None,
                         help="the real layer's block, a share of a run (default analysis.real_noise.BLOCK; 1: whole)")
     parser.add_argument("--curves", type=int, default=600, help="synthetic curves for fit_sigmoid (default 600)")
@@ -110,10 +109,7 @@ def main() -> None:
         posterior.OUTLIER_SD = args.outlier_sd
     m = min(args.paper_curves, args.curves)
     if args.layer == "real":
-        from analysis import real_noise
-
-        holdout = args.donors == "holdout"
-        sources = None if args.donors in ("calibration", "holdout") else tuple(args.donors.split(","))
+        holdout, sources = real_noise.parse_donors(args.donors)
         curves = real_noise.layer_curves(args.curves, seed=args.seed, holdout=holdout, sources=sources,
                                          block=real_noise.BLOCK if args.block is None else args.block)
         described = f"the real-noise layer (donors: {args.donors}, {len(real_noise.donors(holdout=holdout, sources=sources))} runs)"

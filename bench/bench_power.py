@@ -55,6 +55,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from analysis import real_noise  # noqa: E402
 from analysis.synthetic import MockNoise, Truth  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -249,8 +250,6 @@ class Noise:
         if not self.real:
             c = mock_curve(rng, truth, NOISE, steps=steps, run_A=truth.A if fixed else None)
             return Curve(c.step, c.compute, c.reward)
-        from analysis import real_noise
-
         pool = real_noise.donors(holdout=self.holdout, sources=self.sources)
         if not fixed:
             truth = replace(truth, B=max(truth.B + self.spread_B * rng.standard_normal(), 0.1))
@@ -517,9 +516,8 @@ def print_tables(figures: dict, designs: tuple[str, ...]) -> None:
 
 def fits(args) -> dict:
     figures: dict = {}
-    noise = Noise(real=args.layer == "real", holdout=args.donors == "holdout",
-                  sources=None if args.donors in ("calibration", "holdout") else tuple(args.donors.split(",")),
-                  spread_B=args.spread_B)
+    holdout, sources = real_noise.parse_donors(args.donors)
+    noise = Noise(real=args.layer == "real", holdout=holdout, sources=sources, spread_B=args.spread_B)
     with ProcessPoolExecutor(args.jobs) as pool:
         for level in args.levels:
             designs = tuple(d for d in (RUN_DESIGNS if level == "run" else RECIPE_DESIGNS) if d in args.designs)
@@ -546,9 +544,7 @@ def main() -> None:
     parser.add_argument("--layer", choices=("fits", "gauss", "real"), default="fits",
                         help="gauss: the Gaussian limit (seconds); fits: the mock's noise through the real fitter and "
                              "rule; real: the same with real runs' noise (analysis/real_noise.py)")
-    parser.add_argument("--donors", default="calibration",
-                        help="the real layer's noise: calibration (every source but the hold-out), holdout, or file "
-                             "stems of analysis/data/real_curves/, comma-separated")
+    parser.add_argument("--donors", default="calibration", help=real_noise.DONORS_HELP)
     parser.add_argument("--spread-B", type=float, default=0.1,
                         help="the real layer's sd of B between runs of one recipe (recipe level)")
     parser.add_argument("--recipe-effects", action="store_true",
