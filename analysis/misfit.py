@@ -2,14 +2,13 @@
 
 The law can be wrong about a run in a few ways that matter: the run peaks and falls (a collapse, or a validation
 set overfitted), it is still rising at its end where the law has levelled off, or it steps to another level. Each
-is a shape of departure from the fitted law: a change of slope after a point of the run (a hinge) or a change of
-level (a step), at a quarter, half or three quarters of the fitted compute. Each shape's coefficient is added to the
-linearized law and tested by generalized least squares against the fit's own fast noise (its white noise and
-wobble, analysis/noise.py; the slow part is what is tested, so it is not in the null); the largest |z| over the
-shapes, held to a critical value that keeps false flags on curves that follow the law under 5%, and the departure's
-size at the end of the run, held to the fit's own uncertainty of A, make the flag. Why and what was measured:
-docs/fitting.md#misfit.
-"""
+is a shape of departure from the law: a change of slope from a point of the run on (a hinge) or a change of level (a
+step), at fixed shares of the fitted compute. The run's own noise (white noise and a wobble over at most LONGEST of
+the run, analysis/noise.py) is measured under the shape that fits best, so that a departure is not read as noise;
+under it, by generalized least squares, the law alone is held against the law with each shape (a likelihood ratio).
+The strongest shape is flagged when its |z| reaches CRITICAL (false flags on curves that follow the law: under 5%)
+and its size at the run's end reaches SIZE (the paper's margin on A). Why and what was measured:
+docs/fitting.md#misfit."""
 
 from __future__ import annotations
 
@@ -55,8 +54,8 @@ class Misfit:
 
 
 def misfit(compute, reward, fit: SigmoidFit, *, runs=None, r0=None, critical: float = CRITICAL) -> Misfit | None:
-    """The strongest departure of the points from the fitted law, tested against the fit's fast noise (None for a
-    failed fit or too few points)."""
+    """The strongest departure of the points (fitted with c_min, R0 and runs as `fit` was) from the law, tested
+    against the run's own noise; None for a failed fit or fewer than 12 points."""
     if not fit.ok:
         return None
     data = prepare(compute, reward, r0=r0, c_min=fit.c_min, runs=runs)
@@ -94,8 +93,6 @@ def misfit(compute, reward, fit: SigmoidFit, *, runs=None, r0=None, critical: fl
         z = math.copysign(math.sqrt(2 * max(base - value, 0.0)), b)
         if best is None or abs(z) > abs(best[3]):
             best = (name, float(c.min() + t * (c.max() - c.min())), b, z)
-    if best is None:
-        return None
     name, start, b, z = best
     shape = ("falls" if b < 0 else "rises") if name.startswith("hinge") else ("steps down" if b < 0 else "steps up")
     flagged = abs(z) >= critical and abs(b) >= SIZE
