@@ -180,9 +180,10 @@ def main() -> None:
     # the misfit test on the same curves: on the generated layer they follow their law (a flag is false)
     flagged = [m.flagged for f, c in zip(fast, curves) if f is not None
                and (m := misfit(c.compute, c.reward, f)) is not None]
-    print(f"\nthe misfit test (analysis/misfit.py): flagged on {100 * np.mean(flagged):.1f}% of {len(flagged)} curves"
-          + (" (each follows its law: a false flag)" if args.layer == "generated" else
-             " (each carries a real run's departures from its own law)"))
+    if flagged:
+        print(f"\nthe misfit test (analysis/misfit.py): flagged on {100 * np.mean(flagged):.1f}% of {len(flagged)} "
+              "curves" + (" (each follows its law: a false flag)" if args.layer == "generated" else
+                          " (each carries a real run's departures from its own law)"))
 
     # curves cut before their midpoint: the interval on A must say that A is loose
     cut_cov, widths_cut, widths_full, open_top = [], [], [], 0
