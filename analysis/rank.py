@@ -349,6 +349,7 @@ class Verdict:
     A_identified: bool = True  # both runs' data reach their fitted C_mid; else no claim on A (resolution open)
     claims: dict[str, Claim] = field(default_factory=dict, compare=False)  # A, B (as compared), compute: z-tests
     level: str = "runs"  # what it is about: "runs" (these runs) or "recipes" (the spread between runs added)
+    b_open: str = ""  # why B's claim cannot be made at all, where not an open interval (the recipes: no spread known)
 
     @property
     def moves_A(self) -> bool:
@@ -384,7 +385,7 @@ class Verdict:
         dA, dB = self.resolution
         a = f"|ΔA| >= {dA:.3f}" if math.isfinite(dA) else "ΔA not resolved (an A interval is open)" \
             if self.A_identified else f"ΔA not resolved ({A_NOT_IDENTIFIED})"
-        b = f"|ΔB| >= {dB:.2f}" if math.isfinite(dB) else "ΔB not resolved (a B interval is open)"
+        b = f"|ΔB| >= {dB:.2f}" if math.isfinite(dB) else f"ΔB not resolved ({self.b_open or 'a B interval is open'})"
         if self.compute is None:
             return f"{a}, {b}"
         factor = self.compute.ratio_resolution

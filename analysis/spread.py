@@ -30,6 +30,7 @@ PRIOR_DOF = 2.0
 RECIPES, RUNS = "recipes", "runs"
 B_UNKNOWN = ("no claim about the recipes' B: no spread of B between runs is known (replicate seeds measure it: "
              "two runs of a variant, e.g. sweep.base_seeds=2)")
+B_UNKNOWN_SHORT = "no spread of B between runs is known"
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,8 @@ def recipe_verdict(run: Verdict, fit: SigmoidFit, base_fit: SigmoidFit, variant:
               + (f"; compute {compute.ratio:.2f}x, z = {compute.claim.z:+.2f}" if compute is not None else ""))
     return Verdict(label, dA=a.d, dB=b.d, b_basis=OWN_FITS, B=None, small=a_moved and abs(a.d) < A_TIE,
                    resolution=(a.resolution, b.resolution), compute=compute, detail=detail,
-                   A_identified=run.A_identified, claims=claims, level=RECIPES)
+                   A_identified=run.A_identified, claims=claims, level=RECIPES,
+                   b_open="" if spread.b_dof else B_UNKNOWN_SHORT)
 
 
 def t_factor(var: float, extra: float, dof: float, alpha: float = ALPHA) -> float:

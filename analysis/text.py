@@ -158,7 +158,8 @@ def headline(report) -> list[str]:
     res, res_c, res_r = report.resolution, report.compute_resolution, report.recipe_resolution
     if res is not None:
         compute = f", compute {_res_c(res_c)}" if res_c is not None else ""
-        recipes = (f"; the recipes {_res_a(res_r[0])}, {_res_b(res_r[1])} (spread: {report.spread.source})"
+        b_said = _res_b(res_r[1]) if res_r is not None and report.spread.b_dof else "ΔB not compared"
+        recipes = (f"; the recipes {_res_a(res_r[0])}, {b_said} (spread: {report.spread.source})"
                    if res_r is not None else "")
         lines.append(f"Resolution (found 9 times in 10, the median over the verdicts): these runs {_res_a(res[0])}, "
                      f"{_res_b(res[1])}{compute}{recipes}.")
