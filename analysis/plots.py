@@ -114,11 +114,12 @@ def _fmt(x: float, digits: int) -> str:
 
 
 def plot_variant(curves: Sequence[RunCurve], fit: SigmoidFit, path: Path, title: str, extrap=None,
-                 forecast: Sequence[Sequence[float]] | None = None) -> Path:
+                 forecast: Sequence[Sequence[float]] | None = None, departs: str = "") -> Path:
     """One variant: each seed's points (hollow where left out of the fit), R0 squares, the fit with its band,
     A dashed, c_min dotted; with `extrap` (analysis.extrapolate.Extrapolation) the half-run fit and power law; with
     `forecast` ([compute, low, high] rows: an adaptive sweep's decision) the 90% prediction it had made, to the
-    full budget at the rung it stopped."""
+    full budget at the rung it stopped; `departs`: how the run departs from the law, where the misfit test says the
+    law does not describe it (then the fitted A is no ceiling, and the title says so)."""
     fig, ax = _figure(6.6, 4.4, margins=dict(left=0.11, right=0.97, bottom=0.11, top=0.88))
     unit, size = _unit_of(curves)
     _pass_rate_axes(ax, unit)
@@ -160,7 +161,8 @@ def plot_variant(curves: Sequence[RunCurve], fit: SigmoidFit, path: Path, title:
             ceiling = "none below 1" if extrap.power.A >= 1.0 else f"A = {extrap.power.A:.3f}"
             ax.plot(c / size, extrap.power.predict(c), ":", color="C3", lw=1.2,
                     label=f"power law on the same: {ceiling}")
-    ax.set_title(f"{title}\n{describe(fit)}", fontsize=9)
+    ax.set_title(f"{title}\n{describe(fit)}" + (f"\nthe law does not describe it: {departs}" if departs else ""),
+                 fontsize=9, color="C3" if departs else "black")
     _legend(ax, fontsize=7, loc="lower right")
     fig.savefig(path)
     return path

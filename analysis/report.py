@@ -314,8 +314,9 @@ def report_curves(curves: list[RunCurve], title: str, out_dir=None, *, prior: Sp
     for row in rows:
         title_of = f"{row.label} ({_seeds(row)}, {row.run_status})"
         stop = stopped_at(row.curves[0].tags)
+        departs = row.misfit.text(unit if unit != "GPU-hours" else "GPU-h") if row.misfit and row.misfit.flagged else ""
         plot_variant(row.curves, row.fit, row.plot, title_of, extrap=row.extrapolation,
-                     forecast=stop.band if stop is not None else None)
+                     forecast=stop.band if stop is not None else None, departs=departs)
     shown = order_rows(rows)  # the order of the report's tables (the base first, then by the claim)
     verdicts = {row.label: row.verdict.text for row in rows}
     overview = plot_overview([(row.label, row.curves, row.fit) for row in shown], out / "overview.png",
