@@ -190,7 +190,9 @@ def run_pair(args) -> dict:
     rng = np.random.default_rng([seed, 7])
     truth_v, truth_b = effect.truth(), BASE
     fixed = level == "run"
-    spread_B = noise.spread_B if noise.real else 0.0
+    # the runs' own spread, as replicates would measure it: the mock's runs share their recipe's B, a spread of B
+    # known to be nil (a stated 0 reads as none stated, analysis/spread.py)
+    spread_B = noise.spread_B if noise.real else 1e-9
     spreads = () if fixed else (Spread(), Spread(sd_A=NOISE.run_sd_A, sd_B=spread_B, prior_dof=1e9))
 
     def run(truth, steps=NOISE.steps):
