@@ -203,8 +203,8 @@ def run_pair(args) -> dict:
     out = {}
 
     def record(design, verdict_and_recipes):
-        run_v, recipes = verdict_and_recipes
-        out[design] = [claims(run_v), *_recipe_claims(recipes)]
+        run_v, recipes = verdict_and_recipes  # no recipe verdict where the runs' has none (no fit): no claim
+        out[design] = [claims(run_v), *(_recipe_claims(recipes) or [(0, 0, 0)] * len(spreads))]
 
     for design in designs:
         if design == "full":
