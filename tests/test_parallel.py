@@ -897,7 +897,10 @@ def test_two_fsdp_ranks_and_an_engine_process_reproduce_the_one_process_run(tmp_
         perf = run.data.metrics  # the last step's: the engine decoded and loaded weights (in whichever process)
         assert perf["perf/generator_tokens_per_s_per_gpu"] > 0 and perf["perf/engine_load_s"] > 0
         assert perf["perf/weight_sync_s"] >= perf["perf/engine_load_s"] and "perf/trainer_mfu" not in perf
-        assert perf["perf/decode_steps_per_look"] >= 2  # an engine process answers per run of steps, not per step
+        # An engine process answers per run of steps, not per step: over the run, not at the last step alone (whose
+        # window may hold only waves' one-step looks where another CPU's sampled lengths differ; CI saw 1.0 there).
+        per_look = [m.value for m in client.get_metric_history(run.info.run_id, "perf/decode_steps_per_look")]
+        assert len(per_look) == 6 and max(per_look) >= 2, per_look
         curves[layout] = {key: [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key),
                                                                   key=lambda m: m.step)]
                           for key in ("val/pass_rate", "loss/policy", "train/reward_mean", "train/logprob_gap")}
