@@ -178,8 +178,8 @@ def main() -> None:
           f"(truth: A median {np.median([c.truth.A for c in curves]):.3f})")
 
     # the misfit test on the same curves: on the generated layer they follow their law (a flag is false)
-    flagged = [m.flagged for f, c in zip(fast, curves) if f is not None
-               and (m := misfit(c.compute, c.reward, f)) is not None]
+    flagged = [found.flagged for f, c in zip(fast, curves) if f is not None
+               and (found := misfit(c.compute, c.reward, f)) is not None]
     if flagged:
         print(f"\nthe misfit test (analysis/misfit.py): flagged on {100 * np.mean(flagged):.1f}% of {len(flagged)} "
               "curves" + (" (each follows its law: a false flag)" if args.layer == "generated" else
