@@ -322,6 +322,7 @@ def efficiency(fit: SigmoidFit, base: SigmoidFit, c: float = CRITICAL) -> Effici
 MOVES_A, MOVES_B, BOTH, NO_CHANGE = "moves A", "moves B", "moves A and B", "no detectable change"
 MOVES_C = "moves C_mid"  # neither A nor B moved, the compute to reach a common reward did
 CATEGORIES = (MOVES_A, MOVES_B, BOTH, MOVES_C, NO_CHANGE)
+NO_VERDICT = "no verdict"  # nothing to compare: a run incomplete, or (the recipes) no seed with a bounded interval
 NOT_TESTABLE = "not testable at this scale"  # the sweep says the axis cannot show its effect here: no verdict
 # a run's data stop before its fitted C_mid and nothing else moved: no verdict on A, so none at all yet
 A_NOT_IDENTIFIED = "A not identified yet"

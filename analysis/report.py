@@ -28,8 +28,8 @@ from analysis.law import FitError, SigmoidFit, prepare
 from analysis.plots import plot_linearized, plot_overview, plot_params, plot_variant
 from analysis.posterior import fit_state
 from analysis.misfit import Misfit, misfit
-from analysis.rank import (A_NOT_IDENTIFIED, A_TIE, BASELINE, CATEGORIES, MISFIT, NOT_TESTABLE, Ranked, Verdict,
-                           rank_fits, verdict)
+from analysis.rank import (A_NOT_IDENTIFIED, A_TIE, BASELINE, CATEGORIES, MISFIT, NO_VERDICT, NOT_TESTABLE, Ranked,
+                           Verdict, rank_fits, verdict)
 from analysis.spread import Spread, estimate, recipe_verdict
 from analysis.runs import (
     ALL_SWEEPS,
@@ -456,7 +456,7 @@ def _verdict(i: int, base_i: int | None, fit: SigmoidFit, base_fit: SigmoidFit |
              untestable: str, bounds=None, locked=(), base: str = BASELINE, unit: str = "GPU-h",
              departs: Misfit | None = None, base_departs: Misfit | None = None) -> Verdict:
     if why_incomplete:
-        return Verdict("no verdict", detail=f"incomplete: {why_incomplete}")
+        return Verdict(NO_VERDICT, detail=f"incomplete: {why_incomplete}")
     if untestable and i != base_i:
         return Verdict(NOT_TESTABLE, detail=untestable)
     if base_i is None:

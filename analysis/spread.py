@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 from analysis.information import ln_compute_gradient
 from analysis.law import CI_LEVEL, SigmoidFit
 from analysis.rank import (A_NOT_IDENTIFIED, A_TIE, ALPHA, BOTH, CATEGORIES, CRITICAL, MOVES_A, MOVES_B, MOVES_C,
-                           NO_CHANGE, OWN_FITS, Claim, Verdict, _halves, _z)
+                           NO_CHANGE, NO_VERDICT, OWN_FITS, Claim, Verdict, _halves, _z)
 
 # The paper's three runs of ScaleRL gave A "within +-0.015". Read as their largest deviation from their mean: three
 # draws of a normal have it at 0.977 sd on average, so sd ~ 0.015; three runs are 2 degrees of freedom. The paper
@@ -153,8 +153,9 @@ def recipe_verdict(run: Verdict, fit: SigmoidFit, base_fit: SigmoidFit, variant:
         a = replace(a, c=bound("A", spread.sd_A**2 * per_side))
         extra_B = spread.sd_B**2 * per_side
         b = replace(b, c=bound("B", extra_B) * t_factor(b.sd**2, extra_B, spread.b_dof))
-    if a is None or b is None:
-        return replace(run, level=RECIPES, detail="no seed with a bounded interval to compare")
+    if a is None or b is None:  # the run level's claims are not the recipes': none is made
+        return Verdict(NO_VERDICT, level=RECIPES, A_identified=run.A_identified,
+                       detail="the recipes: no seed with a bounded interval to compare")
     if not spread.b_dof:
         b = replace(b, sd_down=math.inf, sd_up=math.inf)  # no claim, and no resolution, on B
     if not run.A_identified:

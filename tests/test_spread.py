@@ -100,3 +100,19 @@ def test_the_recipes_b_is_not_compared_until_a_spread_of_b_is_known():
     assert t_factor(0.05, 0.0, 1.0) == 1.0 and t_factor(0.05, 0.03, math.inf) == 1.0
     # a stated prior of B counts as known, with its degrees of freedom
     assert Spread(sd_B=0.1).b_dof == Spread().prior_dof
+
+
+def test_a_seed_with_an_open_interval_makes_no_claim_about_the_recipes():
+    """The variant's A interval reaches 1 (open above: no bounded seed to combine), its B 1.2 against the base's
+    2.0 (standard errors 0.2 each: z = -0.8 / 0.2828 = -2.83, beyond 2.326): the runs' verdict moves B. The recipes'
+    cannot be compared and claim nothing; before, they took the runs' label and so its claim."""
+    v = SigmoidFit(A=0.6, B=1.2, C_mid=2500.0, R0=0.3, ci={"A": (0.6 - Z90 * 0.002, 1.0),
+                                                         "B": (1.2 - Z90 * 0.2, 1.2 + Z90 * 0.2),
+                                                         "C_mid": (2000.0, 3000.0)})
+    b = fit(0.61, B=2.0)
+    run = verdict(v, b)
+    assert run.moves_B and run.claims["B"].z == pytest.approx(-0.8 / math.sqrt(0.08), rel=1e-6)
+    seeds = estimate([[b, fit(0.61, B=2.4)]], Spread())  # B's spread measured: B could be claimed
+    recipes = recipe_verdict(run, v, b, [v], [b, fit(0.61, B=2.4)], seeds)
+    assert recipes.label == "no verdict" and recipes.level == "recipes" and not recipes.moved
+    assert "no seed with a bounded interval" in recipes.detail
