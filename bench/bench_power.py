@@ -27,11 +27,14 @@ and settings. `--layer fits` (the default, ~1 h on 2 cores): synthetic pairs thr
 rule. `--layer real`: the fits layer's pairs with real noise: the mock's laws and clock, each run carrying the
 residuals of a different public RL run about its own fitted law, block-resampled onto the run
 (analysis/real_noise.py; `--donors calibration`, the default, or `holdout`, or file stems); at the recipe level
-each run's B is drawn around its recipe's too (`--spread-B`, 0.1: no public replicates measure it).
+each run's B is drawn around its recipe's too (`--spread-B`, 0.1: no public replicates measure it). On the mock's
+clock a long donor's residuals are taken at 50 of its points; `--points donor` keeps each donor's own points (the
+hold-out's 168-833 validations, their correlation at their own spacing), for the full design and 2 base.
 
     python bench/bench_power.py --layer gauss                        # the screen: every design, 20,000 pairs
     python bench/bench_power.py                                      # the real fitter and rule (the table in docs)
     python bench/bench_power.py --layer real --designs full,adaptive # the same on real noise
+    python bench/bench_power.py --layer real --donors holdout --points donor --designs full  # at the runs' points
     python bench/bench_power.py --null 500 --pairs 200 --designs full,adaptive --levels run --jobs 2
     python bench/bench_power.py --futility 0.05 --layer gauss        # another rule setting
 
@@ -242,6 +245,7 @@ class Noise:
     holdout: bool = False
     sources: tuple[str, ...] | None = None
     spread_B: float = 0.1
+    own_points: bool = False  # at the donor's own points (its length and spacing), not on the mock's clock
 
     def run(self, rng, truth: Truth, steps: int, fixed: bool):
         """One run of `truth` to `steps`: the mock's clock and run-to-run A (not at the run level, `fixed`); its
@@ -255,6 +259,11 @@ class Noise:
         pool = real_noise.donors(holdout=self.holdout, sources=self.sources)
         if not fixed:
             truth = replace(truth, B=max(truth.B + self.spread_B * rng.standard_normal(), 0.1))
+        if self.own_points:  # the run's A drawn as the mock draws it; the donor's points end at the budget
+            if not fixed:
+                truth = replace(truth, A=truth.A + NOISE.run_sd_A * rng.standard_normal())
+            real = real_noise.real_curve(rng, truth, pool[int(rng.integers(len(pool)))], c_max=NOISE.budget)
+            return Curve(np.arange(real.compute.size), real.compute, real.reward)
         c = mock_curve(rng, truth, NOISE, steps=steps, run_A=truth.A if fixed else None)
         real = real_noise.real_curve(rng, c.truth, pool[int(rng.integers(len(pool)))], compute=c.compute)
         return Curve(c.step, c.compute, real.reward)
@@ -519,7 +528,8 @@ def print_tables(figures: dict, designs: tuple[str, ...]) -> None:
 def fits(args) -> dict:
     figures: dict = {}
     holdout, sources = real_noise.parse_donors(args.donors)
-    noise = Noise(real=args.layer == "real", holdout=holdout, sources=sources, spread_B=args.spread_B)
+    noise = Noise(real=args.layer == "real", holdout=holdout, sources=sources, spread_B=args.spread_B,
+                  own_points=args.points == "donor")
     with ProcessPoolExecutor(args.jobs) as pool:
         for level in args.levels:
             designs = tuple(d for d in (RUN_DESIGNS if level == "run" else RECIPE_DESIGNS) if d in args.designs)
@@ -549,6 +559,9 @@ def main() -> None:
     parser.add_argument("--donors", default="calibration", help=real_noise.DONORS_HELP)
     parser.add_argument("--spread-B", type=float, default=0.1,
                         help="the real layer's sd of B between runs of one recipe (recipe level)")
+    parser.add_argument("--points", choices=("mock", "donor"), default="mock",
+                        help="the real layer's points: the mock's clock (its 50 validations), or each donor's own "
+                             "(its length and spacing; the full design and 2 base only)")
     parser.add_argument("--recipe-effects", action="store_true",
                         help="the recipe level at every effect (power), not only at no effect")
     parser.add_argument("--null", type=int, default=500, help="null pairs per level (>= 500 tells 0.02 from 0.05)")
@@ -566,6 +579,9 @@ def main() -> None:
     args.designs = tuple(d.strip() for d in args.designs.split(","))
     args.levels = tuple(args.levels.split(","))
     args.futility = FUTILITY if args.futility is None else args.futility
+    if args.points == "donor" and (args.layer != "real" or set(args.designs) - {"full", "2 base"}):
+        parser.error("--points donor: the real layer's full and 2 base designs only (the others cut runs on the "
+                     "mock's clock)")
     started = time.perf_counter()
     figures = gauss(args) if args.layer == "gauss" else fits(args)
     figures |= {"layer": args.layer, "futility": args.futility,
