@@ -1,5 +1,6 @@
 """python -m analysis report --experiment NAME [--tracking-uri URI] [--out DIR] [--sweep ID] [--c-min C] [MAPPING]
-python -m analysis report --csv FILE [--out DIR] [--c-min C] [MAPPING]
+python -m analysis report --csv FILE | --tensorboard DIR | --hf-state PATH... | --verl-log FILE... [--out DIR]
+                          [--c-min C] [--label short|full|REGEX] [MAPPING]
 python -m analysis fit --json FILE [--method fast|paper] [--extrapolate FRACTION]
 
 report: fit, rank and report the variants of one study (markdown, HTML, fits.csv, PNG plots). Runs `ablate` logged
@@ -9,9 +10,10 @@ not reported are named; the files are attached to the sweep's parent run. Runs o
 generators are refused, naming the difference; runs that failed or stopped short of their configured steps are
 named and get no verdict; a run with no fit says why (too few points: --c-min, the compute below which points are
 left out, keeps more).
-Another trainer's runs (TRL, verl, any MLflow experiment; or curves in a file: CSV, Parquet, JSON Lines, in long
-form or as W&B's chart export) are read by a mapping, MAPPING: --reward METRIC (a name or a pattern), --compute
-(step, step*GPU_HOURS_PER_STEP, wall*GPUS, a metric's name), --variant (tag:NAME, param:NAME, name:REGEX), --base
+Another trainer's runs (TRL, verl, any MLflow experiment; curves in a file: CSV, Parquet, JSON Lines, in long
+form, wide, or as W&B's chart export; TensorBoard event files; HF/TRL checkpoints' trainer_state.json; verl's console
+or file logs) are read by a mapping, MAPPING: --reward METRIC (a name or a pattern), --compute
+(step, step*GPU_HOURS_PER_STEP, wall*GPUS, a metric's name, cumsum:METRIC*X), --variant (tag:NAME, param:NAME, name:REGEX), --base
 VARIANT, --r0 REWARD, or --mapping FILE.yaml with those keys. What is left unsaid is inferred where the runs make it
 unambiguous and printed, else refused naming the flag. The files are attached to a new run of the experiment
 (tagged analysis.role=report); the runs read are left as they were. docs/bring-your-own-runs.md.
@@ -42,7 +44,17 @@ def _parser() -> argparse.ArgumentParser:
     source.add_argument("--experiment", help="MLflow experiment name (one study; any trainer's runs)")
     source.add_argument("--csv", "--file", dest="file", metavar="FILE",
                         help="a file of curves: .csv, .parquet or .jsonl, in long form (run, variant, step or "
-                             "compute, reward) or W&B's chart export (Step, '<run> - <metric>')")
+                             "compute, reward), W&B's chart export (Step, '<run> - <metric>') or a wide table (step, "
+                             "then a column a run)")
+    source.add_argument("--tensorboard", metavar="DIR",
+                        help="TensorBoard event files, one run a subfolder (HF Trainer's and TRL's runs/, verl's "
+                             "tensorboard backend); needs the tensorboard package")
+    source.add_argument("--hf-state", nargs="+", metavar="PATH",
+                        help="HF Trainer / TRL checkpoints' trainer_state.json: the files, checkpoint folders, or "
+                             "folders of runs (the newest checkpoint of each)")
+    source.add_argument("--verl-log", nargs="+", metavar="FILE",
+                        help="verl's console logger's output (step:N - key:value - ..., a Ray driver log too) or its "
+                             "file logger's JSON Lines, one run a file")
     report.add_argument("--tracking-uri", default=None,
                         help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     report.add_argument("--out", default=None, help="output directory (default: reports/<experiment>)")
@@ -57,13 +69,18 @@ def _parser() -> argparse.ArgumentParser:
                          help="the validation reward: a metric's name or a pattern (eval_reward, 'val-core/*/reward/*')")
     mapping.add_argument("--compute", metavar="HOW",
                          help="step (the step count), step*X (X GPU-hours a step), wall*G (wall-clock hours since the "
-                              "run started x G GPUs), METRIC (a cumulative metric) or METRIC*X")
+                              "run started x G GPUs), METRIC (a cumulative metric, counted from each run's first "
+                              "point), METRIC*X, or cumsum:METRIC*X (the running sum of a per-step metric: "
+                              "cumsum:timing_s/step*0.00222 is 8 GPUs' hours)")
     mapping.add_argument("--variant", metavar="HOW",
                          help="which runs are which variant: tag:NAME, param:NAME or name:REGEX (its first group); "
                               "runs of one variant are its seeds (default: run names without a seed suffix)")
     mapping.add_argument("--base", metavar="VARIANT", help="the variant every verdict compares with")
     mapping.add_argument("--r0", type=float, metavar="REWARD",
-                         help="the reward before training (the law's R0), for runs that logged none at step 0")
+                         help="the reward before training (the law's R0), for runs with no point at step 0 (compute 0)")
+    report.add_argument("--label", metavar="HOW", default=None,
+                        help="how the report shows each variant: short (the part of its name that differs from the "
+                             "others; the default), full, or a regular expression (its first group)")
     mapping.add_argument("--mapping", metavar="FILE", help="a YAML file with keys reward, compute, variant, base, r0 "
                                                            "(flags win over it)")
     fit = commands.add_parser("fit", help="fit one curve given as JSON; print the fit with its intervals")
@@ -122,20 +139,19 @@ def _report(args):
     if args.mapping:
         said = said.over(Mapping.from_file(args.mapping))
     mapped = args.mapping is not None or any(getattr(args, key) is not None for key in MAPPING_FLAGS)
-    if args.file is not None:
-        from analysis.tables import read_table
-
+    read = _file_source(args)
+    if read is not None:
+        runs, title, source, from_file = read
         if args.sweep is not None:
-            raise MappingError("--sweep picks among ablate's sweeps in an MLflow experiment; a file has none")
-        return report_other_runs(read_table(args.file), said, title=Path(args.file).stem,
-                                 source=f"curves of {args.file}", out_dir=args.out, c_min=args.c_min,
-                                 from_file=True)
+            raise MappingError("--sweep picks among ablate's sweeps in an MLflow experiment; files have none")
+        return report_other_runs(runs, said, title=title, source=source, out_dir=args.out, c_min=args.c_min,
+                                 from_file=from_file, label=args.label)
     uri = resolve_tracking_uri(args.tracking_uri)
     if sweeps_of(args.experiment, uri):
-        if mapped:
+        if mapped or args.label is not None:
             raise MappingError(f"experiment {args.experiment} holds runs ablate logged, read by their tags (--sweep "
-                               "picks a sweep); --reward, --compute, --variant, --base, --r0 and --mapping are for "
-                               "another trainer's runs")
+                               "picks a sweep); --reward, --compute, --variant, --base, --r0, --label and --mapping are "
+                               "for another trainer's runs")
         return make_report(args.experiment, tracking_uri=uri, out_dir=args.out, sweep=args.sweep, c_min=args.c_min)
     if args.sweep is not None:
         raise MappingError("--sweep picks among ablate's sweeps; with a mapping (or runs ablate did not log), "
@@ -144,7 +160,40 @@ def _report(args):
 
     return report_other_runs(mlflow_runs(args.experiment, uri), said, title=args.experiment,
                              source=f"MLflow experiment {args.experiment} at {uri}", out_dir=args.out,
-                             c_min=args.c_min, attach=(uri, args.experiment))
+                             c_min=args.c_min, attach=(uri, args.experiment), label=args.label)
+
+
+def _file_source(args):
+    """(runs, title, source, from_file) of the files the arguments name, None for an MLflow experiment. `from_file`:
+    a column `reward` is the reward (a table's; in TRL's logs `reward` is the training reward)."""
+    if args.file is not None:
+        from analysis.tables import read_table
+
+        return read_table(args.file), Path(args.file).stem, f"curves of {args.file}", True
+    if args.tensorboard is not None:
+        from analysis.tensorboard_runs import read_tensorboard
+
+        where = Path(args.tensorboard)
+        return read_tensorboard(where), where.resolve().name, f"TensorBoard event files under {where}", False
+    if args.hf_state is not None:
+        from analysis.trainer_state import read_trainer_states
+
+        return (read_trainer_states(args.hf_state), _title(args.hf_state),
+                f"trainer_state.json of {', '.join(args.hf_state)}", False)
+    if args.verl_log is not None:
+        from analysis.verl_logs import read_verl_logs
+
+        return read_verl_logs(args.verl_log), _title(args.verl_log), f"verl logs {', '.join(args.verl_log)}", False
+    return None
+
+
+def _title(paths: list[str]) -> str:
+    """A report's title for files: the one's stem, or the folder that holds them all."""
+    if len(paths) == 1:
+        return Path(paths[0]).resolve().stem
+    import os
+
+    return Path(os.path.commonpath([str(Path(p).resolve()) for p in paths])).name or "runs"
 
 
 def _fit(args) -> int:

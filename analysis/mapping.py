@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from analysis.labels import short_labels
 from analysis.law import fmt_compute
 from analysis.runs import AnalysisError, RunCurve
 from analysis.sources import Series, SourceRun
@@ -42,10 +43,27 @@ COMPUTE_METRICS = ("compute/gpu_hours",)  # a cumulative GPU-hours metric (ablat
 FILE_COMPUTE = ("compute",)  # a file's long form: its column `compute`, GPU-hours
 BASE_NAMES = ("scalerl", "base", "baseline", "control", "reference", "default")
 SEED_SUFFIX = re.compile(r"(?i)(?:[-_. ](?:seed|s)|seed)[-_=]?\d+$")  # "-seed1", "_s2", "seed3": not "steps100"
-# params whose difference between variants makes one step cost another amount (batch, samples, lengths)
-STEP_COST = re.compile(r"(?i)(batch_size|num_generations|generation_batch|max_completion_length|max_prompt_length|"
-                       r"response_length|max_tokens|rollout\.n$|num_iterations|steps_per_generation|"
-                       r"gradient_accumulation|samples_per_prompt|prompts_per_step|max_new_tokens)")
+# A validation reward named by its meaning, where no family above matched: a validation prefix, then a name like
+# accuracy, acc, score or pass rate; taken where exactly one metric every run logged is such (and said).
+VALIDATION_PREFIXES = ("eval/", "eval_", "val/", "val-core/", "val-aux/", "val_", "test/", "test_", "validation/")
+REWARD_MEANINGS = re.compile(r"(?i)(^|[/_\-])(accuracy|acc|score|pass_?rate|pass@\d+|pass_at_\d+)([/_@\-]|$)")
+# Params whose difference between variants makes one step cost another amount, as each trainer logs them (a name
+# matches a param whose key is it, or ends with "/" or "." and it: verl's flattened config, ablate's dotted one).
+STEP_COST_PARAMS = (
+    ("TRL", ("num_generations", "max_completion_length", "max_prompt_length", "per_device_train_batch_size",
+             "gradient_accumulation_steps", "generation_batch_size", "steps_per_generation", "num_iterations")),
+    ("HF Trainer", ("train_batch_size",)),  # trainer_state.json's (analysis/trainer_state.py)
+    ("verl", ("actor_rollout_ref/rollout/n", "data/train_batch_size", "data/max_response_length",
+              "data/max_prompt_length", "actor_rollout_ref/actor/ppo_epochs")),
+    ("OpenRLHF", ("n_samples_per_prompt", "rollout_batch_size", "generate_max_len", "prompt_max_len")),
+    ("ablate", ("batch.prompts_per_step", "batch.samples_per_prompt", "generation.max_prompt_tokens",
+                "generation.max_think_tokens", "generation.max_answer_tokens")),
+)
+# What each trainer logs that fixes a compute axis in steps: a per-step time or a cumulative count (the --compute
+# the warning suggests, where every run logged it).
+PER_STEP_SECONDS = ("timing_s/step", "perf/time_per_step", "train/step_time")
+CUMULATIVE_COUNTS = ("compute/gpu_hours", "num_tokens", "train/num_tokens")
+CUMSUM = "cumsum:"
 
 
 class MappingError(AnalysisError):
@@ -58,10 +76,12 @@ class Mapping:
 
     reward: a metric's name, or a pattern (`val-core/*/reward/mean@*`). compute: `step` (the step count), `step*X`
     (X GPU-hours a step), `wall*G` (hours since the run started, from the metrics' own times, times G GPUs),
-    `METRIC` (a cumulative metric the runs logged) or `METRIC*X` (X GPU-hours a unit of it). variant: `tag:NAME`,
+    `METRIC` (a cumulative metric the runs logged, counted from each run's first point where it does not start at 0),
+    `METRIC*X` (X GPU-hours a unit of it) or `cumsum:METRIC*X` (the running sum of a per-step metric, such as
+    verl's timing_s/step, X GPU-hours a unit). variant: `tag:NAME`,
     `param:NAME`, or `name:REGEX` (the run name's first group, else its whole match; runs of one variant are its
     seeds). base: the variant every verdict compares with. r0: the reward before training (the law's R0), given to
-    each run that logged none at step 0."""
+    each run with no point at compute 0."""
 
     reward: str | None = None
     compute: str | None = None
@@ -102,7 +122,8 @@ class Mapping:
 
 @dataclass(frozen=True)
 class Compute:
-    """How a run's compute is read: kind `step`, `wall` or `metric` (its `name`), times `scale`; in `unit`."""
+    """How a run's compute is read: kind `step`, `wall`, `metric` (a cumulative metric, its `name`) or `cumsum` (the
+    running sum of a per-step metric), times `scale`; in `unit`."""
 
     kind: str
     name: str = ""
@@ -112,7 +133,8 @@ class Compute:
     @property
     def text(self) -> str:
         times = f" x {self.scale:g}" if self.scale != 1.0 else ""
-        what = {"step": "the step", "wall": "the wall-clock hours since the run started"}.get(self.kind, self.name)
+        what = {"step": "the step", "wall": "the wall-clock hours since the run started",
+                "cumsum": f"the running sum of {self.name}"}.get(self.kind, self.name)
         return f"{what}{times} ({self.unit})"
 
 
@@ -168,6 +190,9 @@ def curves(runs: list[SourceRun], resolved: Resolved) -> list[RunCurve]:
                             step=reward.step, compute=compute, pass_rate=reward.value,
                             last_step=int(reward.step.max(initial=0)), unit=resolved.compute.unit))
     _check_points(out, resolved)
+    origins = _origins(runs, resolved)
+    if origins is not None:
+        resolved.said.append(origins)
     return _with_r0(out, resolved)
 
 
@@ -200,6 +225,14 @@ def _reward(runs: list[SourceRun], said_reward: str | None, source: str, said: l
         if len(names) == 1:
             said.append(f"reward: {names[0]} ({family}, logged by every run; --reward NAME says otherwise)")
             return {run.id: names[0] for run in runs}, []
+    meant = sorted(m for m in common if _validation_reward_by_meaning(m))
+    if len(meant) > 1:
+        raise MappingError(f"which metric is the reward? {len(meant)} validation metrics are named like one: "
+                           f"{_listed(meant)}; --reward NAME says")
+    if len(meant) == 1:
+        said.append(f"reward: {meant[0]} (the only validation metric named like an accuracy, score or pass rate, "
+                    "logged by every run; --reward NAME says otherwise)")
+        return {run.id: meant[0] for run in runs}, []
     trained = [m for m in TRAINING_REWARDS if m in common]
     if trained:
         raise MappingError(f"no validation reward among the metrics of {source}, only the training reward "
@@ -207,6 +240,12 @@ def _reward(runs: list[SourceRun], said_reward: str | None, source: str, said: l
                            "anyway)")
     raise MappingError(f"which metric is the reward? none is named like a validation reward in {source}: "
                        f"--reward NAME (metrics every run logged: {_listed(sorted(common))})")
+
+
+def _validation_reward_by_meaning(name: str) -> bool:
+    """`eval/accuracy`, `val/acc`, `test/pass@1`, `eval_score`: a validation prefix, then a reward's meaning."""
+    prefix = next((p for p in VALIDATION_PREFIXES if name.startswith(p)), None)
+    return prefix is not None and REWARD_MEANINGS.search(name[len(prefix):]) is not None
 
 
 def _matching(metrics: tuple[str, ...], said: str) -> list[str]:
@@ -233,8 +272,10 @@ def _compute(runs: list[SourceRun], said_compute: str | None, source: str, said:
         if metric is not None:
             said.append(f"compute: {metric} ({GPU_HOURS}, logged by every run)")
             return Compute("metric", metric, 1.0, GPU_HOURS)
-        said.append("compute: the step (no compute metric logged; --compute step*GPU_HOURS_PER_STEP, "
-                    "wall*GPUS or a metric's name says otherwise)")
+        seconds = next((m for m in PER_STEP_SECONDS if m in common), None)
+        summed = f", cumsum:{seconds}*GPUS/3600 (GPU-hours from the seconds each step took)" if seconds else ""
+        said.append(f"compute: the step (no compute metric logged; --compute step*GPU_HOURS_PER_STEP, "
+                    f"wall*GPUS{summed} or a metric's name says otherwise)")
         return Compute("step")
     what, _, times = said_compute.partition("*")
     what = what.strip()
@@ -249,21 +290,63 @@ def _compute(runs: list[SourceRun], said_compute: str | None, source: str, said:
             raise MappingError(f"--compute {said_compute}: the factor must be > 0, got {times}")
     if what == "step":
         return Compute("step", "", scale, GPU_HOURS if times else STEPS)
+    if what.startswith(CUMSUM):
+        return _cumsum(runs, said_compute, what[len(CUMSUM):].strip(), scale, bool(times), source)
     if what == "wall":
         if not times:
             raise MappingError("--compute wall needs the GPU count the runs used: --compute wall*GPUS (GPU-hours "
                                "= wall-clock hours x GPUs)")
         return Compute("wall", "", scale, GPU_HOURS)
-    lacking = [run.name for run in runs if what not in run.metrics]
-    if lacking:
-        every = sorted({m for run in runs for m in run.metrics})
-        close = difflib.get_close_matches(what, every, n=1, cutoff=0.6)
-        hint = f"did you mean {close[0]}? " if close else ""
-        where = "no such metric in " + source if len(lacking) == len(runs) else f"not logged by {_listed(lacking)}"
-        raise MappingError(f"--compute {said_compute}: {where}; {hint}(step, step*X, wall*GPUS or a metric: "
-                           f"{_listed(every)})")
+    _logged_by_all(runs, what, said_compute, source)
     unit = GPU_HOURS if times or what in (*COMPUTE_METRICS, *FILE_COMPUTE) else what
     return Compute("metric", what, scale, unit)
+
+
+def _logged_by_all(runs: list[SourceRun], metric: str, said_compute: str, source: str) -> None:
+    lacking = [run.name for run in runs if metric not in run.metrics]
+    if lacking:
+        every = sorted({m for run in runs for m in run.metrics})
+        close = difflib.get_close_matches(metric, every, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}? " if close else ""
+        where = "no such metric in " + source if len(lacking) == len(runs) else f"not logged by {_listed(lacking)}"
+        raise MappingError(f"--compute {said_compute}: {where}; {hint}(step, step*X, wall*GPUS, a metric or "
+                           f"cumsum:METRIC: {_listed(every)})")
+
+
+def _cumsum(runs: list[SourceRun], said_compute: str, metric: str, scale: float, scaled: bool,
+            source: str) -> Compute:
+    """`cumsum:METRIC[*X]`: a per-step metric (verl's timing_s/step) summed over the steps; refused where the metric
+    already grows (it is cumulative: name it alone) or skips steps (a sum over the steps logged is not the total)."""
+    if not metric:
+        raise MappingError(f"--compute {said_compute}: name the per-step metric to sum (cumsum:timing_s/step*X)")
+    _logged_by_all(runs, metric, said_compute, source)
+    for run in runs:
+        logged = run.history(metric)
+        positive = logged.step[logged.step > 0]
+        gaps = np.flatnonzero(np.diff(positive) > 1)
+        if positive.size and positive[0] > 1:
+            raise MappingError(f"--compute {said_compute}: run {run.name} logs {metric} from step {int(positive[0])}"
+                               f", not step 1: a running sum needs the metric at every step")
+        if gaps.size:
+            i = int(gaps[0])
+            raise MappingError(f"--compute {said_compute}: run {run.name} has no {metric} between steps "
+                               f"{int(positive[i])} and {int(positive[i + 1])}: a running sum needs the metric at "
+                               "every step (log it each step, or use a cumulative metric)")
+        if _looks_cumulative(positive, logged.value[logged.step > 0]):
+            values = logged.value
+            raise MappingError(f"--compute {said_compute}: {metric} of run {run.name} already grows (from "
+                               f"{fmt_compute(float(values[0]))} to {fmt_compute(float(values[-1]))} at every step, "
+                               f"as fast as the steps): it is cumulative, not per step; --compute {metric} takes it "
+                               "as it is")
+    return Compute("cumsum", metric, scale, GPU_HOURS if scaled else f"sum of {metric}")
+
+
+def _looks_cumulative(steps: np.ndarray, values: np.ndarray) -> bool:
+    """A running total, not a figure per step: it never falls, and over a span of at least 3x in steps it grows at
+    least half as fast as the step (a per-step figure that drifts up, as steps lengthen, grows far slower)."""
+    if values.size < 3 or not values[0] > 0 or np.any(np.diff(values) < 0) or steps[-1] < 3 * steps[0]:
+        return False
+    return values[-1] / values[0] >= 0.5 * steps[-1] / steps[0]
 
 
 def _compute_at(run: SourceRun, reward: Series, compute: Compute) -> np.ndarray:
@@ -281,20 +364,57 @@ def _compute_at(run: SourceRun, reward: Series, compute: Compute) -> np.ndarray:
         _forward(run, steps, hours, "the wall clock")
         return hours * compute.scale
     logged = run.history(compute.name)
+    if compute.kind == "cumsum":  # steps 1..s cost the sum of their figures; step 0 (before training) none
+        trained = logged.step > 0
+        known_steps = np.append(0, logged.step[trained])
+        known = np.append(0.0, np.cumsum(logged.value[trained]) * compute.scale)
+        _covers(run, compute, known_steps, steps)
+        return np.interp(steps, known_steps, known)
     _forward(run, logged.step, logged.value, compute.name)
     if logged.value.size > 2 and not logged.value[-1] > logged.value[0]:
         raise MappingError(f"run {run.name}: {compute.name} does not grow ({fmt_compute(float(logged.value[0]))} at "
                            f"step {int(logged.step[0])}, {fmt_compute(float(logged.value[-1]))} at step "
                            f"{int(logged.step[-1])}): a figure per step? compute must be cumulative (--compute "
-                           "wall*GPUS or step*GPU_HOURS_PER_STEP)")
+                           f"cumsum:{compute.name}*X sums it, X GPU-hours a unit; or wall*GPUS)")
     known_steps, known = logged.step, logged.value * compute.scale
     if 0 not in known_steps:
         known_steps, known = np.append(0, known_steps), np.append(0.0, known)
+    _covers(run, compute, known_steps, steps)
+    at = np.interp(steps, known_steps, known)
+    if steps.size and logged.step.size and logged.step[0] <= steps[0] and at[0] > 0:
+        at = at - at[0]  # an axis that does not start at 0 (a clock's seconds, a counter): from the run's first point
+    return at
+
+
+def _covers(run: SourceRun, compute: Compute, known_steps: np.ndarray, steps: np.ndarray) -> None:
     outside = steps[(steps > known_steps.max()) | (steps < 0)]
     if outside.size:
         raise MappingError(f"run {run.name}: {compute.name} stops at step {int(known_steps.max())}, the reward goes "
                            f"on to step {int(outside.max())}; compute must cover every reward point")
-    return np.interp(steps, known_steps, known)
+
+
+def _origins(runs: list[SourceRun], resolved: Resolved) -> str | None:
+    """The line saying where a metric axis was taken from each run's first point (None where none was)."""
+    if resolved.compute.kind != "metric":
+        return None
+    moved = []
+    for run in runs:
+        if run.id not in resolved.reward:
+            continue
+        steps = run.history(resolved.reward[run.id]).step
+        logged = run.history(resolved.compute.name)
+        first = int(steps.min()) if steps.size else 0
+        if logged.step.size and logged.step[0] <= first:
+            at = float(np.interp(first, logged.step, logged.value)) * resolved.compute.scale
+            if at > 0:
+                moved.append(at)
+    if not moved:
+        return None
+    span = fmt_compute(min(moved)) if min(moved) == max(moved) else \
+        f"{fmt_compute(min(moved))} to {fmt_compute(max(moved))}"
+    return (f"compute: {resolved.compute.name} does not start at 0 ({span} {resolved.compute.unit} at the first point "
+            f"of {len(moved)} run{'s' if len(moved) > 1 else ''}): counted from each run's first point, whose reward "
+            "is R0")
 
 
 def _forward(run: SourceRun, steps: np.ndarray, values: np.ndarray, name: str) -> None:
@@ -350,6 +470,10 @@ def _variants(runs: list[SourceRun], said_variant: str | None, said: list[str]) 
 def _base(variants: dict[str, str], said_base: str | None, said: list[str]) -> str | None:
     names = list(Counter(variants.values()))
     if said_base is not None:
+        shown = {label: name for name, label in short_labels(names).items()}
+        if said_base not in names and said_base in shown:  # the name the report shows (analysis/labels.py)
+            said.append(f"base: {shown[said_base]}, shown as {said_base}")
+            return shown[said_base]
         if said_base not in names:
             close = difflib.get_close_matches(said_base, names, n=1, cutoff=0.6)
             hint = f"did you mean {close[0]}? " if close else ""
@@ -367,11 +491,11 @@ def _base(variants: dict[str, str], said_base: str | None, said: list[str]) -> s
 
 
 def _step_cost_warning(runs: list[SourceRun], variants: dict[str, str]) -> list[str]:
-    """Params that set a step's cost and differ between variants: a compute axis in steps compares unlike steps."""
-    keys = sorted({k for run in runs for k in run.params if STEP_COST.search(k)})
+    """Params that set a step's cost (STEP_COST_PARAMS) and differ between variants: a compute axis in steps compares
+    unlike steps. The warning names them and the --compute that fixes it, from what the runs logged."""
     differ = []
-    for key in keys:
-        values = {}
+    for key in sorted({k for run in runs for k in run.params if step_cost_trainer(k) is not None}):
+        values: dict[str, set] = {}
         for run in runs:
             values.setdefault(str(run.params.get(key, "(not set)")), set()).add(variants[run.id])
         if len(values) > 1:
@@ -379,8 +503,41 @@ def _step_cost_warning(runs: list[SourceRun], variants: dict[str, str]) -> list[
     if not differ:
         return []
     return [f"compute is the step, but a step costs another amount in different variants ({'; '.join(differ[:3])}): "
-            "the law's C is compute, not steps; --compute step*GPU_HOURS_PER_STEP per variant is not possible in "
-            "one report, so log compute (or --compute wall*GPUS) to compare them fairly"]
+            f"the law's C is compute, not steps; {_compute_that_fixes(runs)}"]
+
+
+def step_cost_trainer(key: str) -> str | None:
+    """The trainer whose step-cost param `key` is (STEP_COST_PARAMS), None where it sets no step's cost."""
+    for trainer, names in STEP_COST_PARAMS:
+        if any(key == name or key.endswith(("/" + name, "." + name)) for name in names):
+            return trainer
+    return None
+
+
+def _compute_that_fixes(runs: list[SourceRun]) -> str:
+    """The --compute that puts these runs on compute: a per-step time summed (with verl's GPU count where its params
+    give it), a cumulative count they logged, or the wall clock."""
+    common = set.intersection(*(set(run.metrics) for run in runs))
+    seconds = next((m for m in PER_STEP_SECONDS if m in common), None)
+    if seconds is not None:
+        gpus = {_gpus(run) for run in runs}
+        factor = f"{next(iter(gpus)) / 3600:.3g}" if len(gpus) == 1 and None not in gpus else "GPUS/3600"
+        said = f" ({next(iter(gpus))} GPUs, from trainer/n_gpus_per_node x trainer/nnodes)" if factor[0] != "G" else ""
+        return f"--compute cumsum:{seconds}*{factor} puts them on GPU-hours{said}"
+    counted = next((m for m in CUMULATIVE_COUNTS if m in common), None)
+    if counted is not None:
+        return f"--compute {counted} compares them by what they logged"
+    if all(run.start_time is not None for run in runs):
+        return "--compute wall*GPUS compares them by GPU-hours"
+    return "log compute (GPU-hours, or a per-step time for --compute cumsum:METRIC*X) to compare them fairly"
+
+
+def _gpus(run: SourceRun) -> int | None:
+    """verl's GPU count, from its flattened config (trainer/n_gpus_per_node x trainer/nnodes), None where unknown."""
+    try:
+        return int(run.params["trainer/n_gpus_per_node"]) * int(run.params.get("trainer/nnodes", 1))
+    except (KeyError, ValueError):
+        return None
 
 
 def _check_points(out: list[RunCurve], resolved: Resolved) -> None:
@@ -399,23 +556,28 @@ def _check_points(out: list[RunCurve], resolved: Resolved) -> None:
 
 
 def _with_r0(out: list[RunCurve], resolved: Resolved) -> list[RunCurve]:
-    """Each run that logged no reward at step 0 gets (step 0, compute 0, --r0); without --r0, a variant none of
-    whose runs did is refused: the law starts from R0, the reward before training."""
-    lacking = [curve for curve in out if 0 not in curve.step]
+    """Each run with no reward at compute 0 gets (step 0, compute 0, --r0); without --r0, a variant none of whose
+    runs has one is refused: the law starts from R0, the reward before training."""
+    def starts(curve: RunCurve) -> bool:
+        return bool(curve.compute.size) and curve.compute.min() == 0.0
+
+    lacking = [curve for curve in out if not starts(curve)]
     if not lacking:
         return out
     if resolved.r0 is None:
-        variants = sorted({c.variant for c in out} - {c.variant for c in out if 0 in c.step})
+        variants = sorted({c.variant for c in out} - {c.variant for c in out if starts(c)})
         if not variants:
             return out  # each variant has a seed with its R0 point: the pooled fit takes R0 from those
         metric = resolved.reward[lacking[0].run_id]
-        raise MappingError(f"no {metric} at step 0 in the runs of {_listed(variants)}: the law starts from the reward "
+        raise MappingError(f"no {metric} at step 0 (compute 0) in the runs of {_listed(variants)}: the law starts "
+                           "from the reward "
                            "before training (R0); evaluate before training (TRL: trainer.evaluate() before "
                            "trainer.train(); verl: trainer.val_before_train=True), or --r0 VALUE gives it")
     resolved.said.append(f"R0: {resolved.r0:g} at step 0 given to {len(lacking)} run{'s' if len(lacking) > 1 else ''}"
                          " that logged none there (--r0)")
-    return [replace(c, step=np.append(0, c.step), compute=np.append(0.0, c.compute),
-                    pass_rate=np.append(resolved.r0, c.pass_rate)) if 0 not in c.step else c for c in out]
+    # a run with no point at compute 0 has none at step 0 either (every axis puts step 0 at compute 0)
+    return [c if starts(c) else replace(c, step=np.append(0, c.step), compute=np.append(0.0, c.compute),
+                                        pass_rate=np.append(resolved.r0, c.pass_rate)) for c in out]
 
 
 def _groups(groups: list[tuple[str, int]]) -> str:

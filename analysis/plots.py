@@ -75,6 +75,22 @@ def _legend(ax, **kw) -> None:
         ax.legend(**kw)
 
 
+def fitted(text: str, width: int, lines: int = 2) -> str:
+    """`text` in at most `lines` lines of at most `width` characters: broken after a separator where one lies near
+    the end of a line, the middle of what still does not fit left out ("..."), so a long run name never widens a
+    label or a title past its panel."""
+    out, rest = [], text
+    while len(rest) > width and len(out) < lines - 1:
+        cut = max((rest.rfind(sep, width // 2, width) for sep in "-_/ ,:="), default=-1)
+        cut = cut + 1 if cut > 0 else width
+        out.append(rest[:cut].rstrip())
+        rest = rest[cut:].lstrip()
+    if len(rest) > width:
+        keep = width - 3
+        rest = rest[:keep // 2] + "..." + rest[len(rest) - (keep - keep // 2):]
+    return "\n".join([*out, rest])
+
+
 def _pass_rate_axes(ax, unit: str) -> None:
     ax.set_xlabel(f"compute ({unit})")
     ax.set_ylabel("validation pass rate")
@@ -170,6 +186,13 @@ def plot_variant(curves: Sequence[RunCurve], fit: SigmoidFit, path: Path, title:
 
 def plot_overview(items: Sequence[tuple[str, Sequence[RunCurve], SigmoidFit]], path: Path, base: str | None = None,
                   verdicts: dict[str, str] | None = None) -> Path:
+    """overview_figure, saved to `path`."""
+    overview_figure(items, base, verdicts).savefig(path)
+    return path
+
+
+def overview_figure(items: Sequence[tuple[str, Sequence[RunCurve], SigmoidFit]], base: str | None = None,
+                    verdicts: dict[str, str] | None = None):
     """A panel per variant, on shared axes: its points and fitted law (A dashed, extrapolation dotted) in its
     verdict's colour, the base recipe's law in grey behind it. Panels, not one axes: the variants of a sweep differ
     by a few points of pass rate, and nine curves on one axes lie on one line; each panel shows the one difference a
@@ -198,7 +221,8 @@ def plot_overview(items: Sequence[tuple[str, Sequence[RunCurve], SigmoidFit]], p
             _draw_fit(ax, fit, grid, max(float(c.compute.max()) for c in curves), col, None, 1.8, size=size)
             ax.axhline(fit.A, ls="--", lw=0.8, color=col)
         said = verdicts.get(name, "") or ("" if fit.ok else "no fit")
-        ax.set_title(f"{name}: {said}" if said else name, fontsize=8.5, color=col if col != NO_CLAIM else "0.2")
+        title = fitted(name, 44, lines=1) + (f"\n{fitted(said, 52, lines=1)}" if said else "")
+        ax.set_title(title, fontsize=8.5, color=col if col != NO_CLAIM else "0.2")
         ax.grid(True, alpha=0.3)
         ax.tick_params(labelsize=7.5)
     for ax in cells[len(items):]:
@@ -209,10 +233,10 @@ def plot_overview(items: Sequence[tuple[str, Sequence[RunCurve], SigmoidFit]], p
         low.set_xlabel(f"compute ({unit})", fontsize=8)
     for ax in cells[::ncols]:
         ax.set_ylabel("validation pass rate", fontsize=8)
-    against = f" beside {base}'s in grey" if base_item is not None else ""
+    against = "" if base_item is None else f" beside {base}'s in grey" if len(base) <= 30 else \
+        " beside the base's in grey"
     fig.suptitle(f"each variant's pass rate and fitted law{against} (A dashed, extrapolation dotted)", fontsize=10)
-    fig.savefig(path)
-    return path
+    return fig
 
 
 def _interval(ax, point: float, lo: float, hi: float, y: float, col, hollow: bool = False) -> None:
@@ -227,13 +251,28 @@ def _interval(ax, point: float, lo: float, hi: float, y: float, col, hollow: boo
 
 def plot_params(items: Sequence[tuple[str, SigmoidFit, SigmoidFit | None]], base: str | None, path: Path,
                 a_tie: float = 0.02, verdicts: dict[str, str] | None = None) -> Path:
+    """params_figure, saved to `path`."""
+    params_figure(items, base, a_tie, verdicts).savefig(path)
+    return path
+
+
+def params_figure(items: Sequence[tuple[str, SigmoidFit, SigmoidFit | None]], base: str | None, a_tie: float = 0.02,
+                  verdicts: dict[str, str] | None = None):
     """A and B with their 90% intervals side by side, one row per variant in the order given (the first on top).
     items: (name, fit, B refit at a common A or None). The base recipe's A (with the +-a_tie band) and B are drawn as
     reference lines, its B interval shaded; a hollow marker is B at the common A the variant was compared at. With
     `verdicts` (name -> the verdict's text) each row is coloured by its verdict and says it under its name."""
     verdicts = verdicts or {}
     items = [item for item in items if item[1].ok]
-    fig, (ax_a, ax_b) = _figure(9.0, 0.38 * max(len(items), 2) + 1.1, ncols=2)
+    names = [fitted(name, 30, lines=1) + (f"\n{fitted(verdicts[name], 30, lines=1)}" if verdicts.get(name) else "")
+             for name, _, _ in items]
+    height, width = 0.42 * max(len(items), 2) + 1.1, 9.0
+    # fixed margins: the names' column as wide as its longest line (at most 30 characters of 7.5 pt, 0.23 of the
+    # width), the two panels the rest, where matplotlib's constrained layout gives long names the room, the panels none
+    longest = max((len(line) for name in names for line in name.split("\n")), default=4)
+    left = min(0.24, max(0.08, (longest * 7.5 * 0.6 / 72 + 0.2) / width))
+    fig, (ax_a, ax_b) = _figure(width, height, ncols=2, margins=dict(left=left, right=0.98, wspace=0.06,
+                                                                     bottom=0.5 / height, top=1 - 0.32 / height))
     ys = np.arange(len(items))[::-1]
     base_fit = next((fit for name, fit, _ in items if name == base), None)
     for y, (k, (name, fit, b_fit)) in zip(ys, enumerate(items)):
@@ -248,7 +287,6 @@ def plot_params(items: Sequence[tuple[str, SigmoidFit, SigmoidFit | None]], base
         ax_b.axvline(base_fit.B, color="0.3", ls=":", lw=1)
         if all(math.isfinite(x) for x in base_fit.ci["B"]):
             ax_b.axvspan(*base_fit.ci["B"], color="0.5", alpha=0.08, lw=0)
-    names = [f"{name}\n{verdicts[name]}" if verdicts.get(name) else name for name, _, _ in items]
     for ax, title in ((ax_a, "A: ceiling (90% interval)"),
                       (ax_b, "B: efficiency (hollow: at its tie group's common A)")):
         ax.set_yticks(ys)
@@ -261,10 +299,9 @@ def plot_params(items: Sequence[tuple[str, SigmoidFit, SigmoidFit | None]], base
     ax_a.set_xlabel("A")
     ax_b.set_xlabel("B")
     if base_fit is not None:
-        ax_a.text(0.01, 0.01, f"band: {base} A +- {a_tie} (the paper's margin: a move inside it is small)",
+        ax_a.text(0.01, 0.01, f"band: the base's A +- {a_tie}",
                   transform=ax_a.transAxes, fontsize=7, color="0.4")
-    fig.savefig(path)
-    return path
+    return fig
 
 
 def linearized_points(curves: Sequence[RunCurve], fit: SigmoidFit) -> tuple[np.ndarray, np.ndarray]:

@@ -14,7 +14,7 @@ import csv
 import math
 import re
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Collection
 
@@ -43,7 +43,8 @@ from analysis.runs import (
     resolve_tracking_uri,
     sweeps_of,
 )
-from analysis.mapping import Mapping, Resolved, curves as curves_of, resolve
+from analysis.labels import LabelError, labels_for, labels_line
+from analysis.mapping import Mapping, MappingError, Resolved, curves as curves_of, resolve
 from analysis.sources import REPORT_ROLE, REPORT_ROLE_TAG, SourceRun
 from analysis.synthetic import Truth
 from analysis.text import html_page, markdown_page, order_rows, terminal_text
@@ -279,18 +280,26 @@ def make_report(
 
 def report_other_runs(runs: list[SourceRun], mapping: Mapping = Mapping(), *, title: str, source: str,
                       out_dir=None, c_min: float | None = None, attach: tuple[str, str] | None = None,
-                      from_file: bool = False) -> Report:
+                      from_file: bool = False, label: str | None = None) -> Report:
     """The report of another trainer's runs (an MLflow experiment of any trainer, a file of curves): `mapping`
     resolved against `runs` (analysis/mapping.py: what it infers is said in Report.mapping), then the same fits,
     ranks, verdicts and files as a sweep's. `attach`: (tracking URI, experiment) of an MLflow source, where a new
     run tagged analysis.role=report holds the files (the user's runs are never changed); None for a file
-    (`from_file`: its column `reward` is the reward).
+    (`from_file`: its column `reward` is the reward). `label`: how variants are shown (analysis/labels.py: short,
+    the default, full, or a regular expression).
 
     Raises analysis.runs.AnalysisError subclasses (MappingError: a mapping that does not fit the runs)."""
     resolved = resolve(runs, mapping, source, from_file=from_file)
     found = curves_of(runs, resolved)
-    report = report_curves(found, title, out_dir, c_min=c_min, base=resolved.base, source=source,
-                           mapping=tuple([*resolved.said, *(f"warning: {w}" for w in resolved.warned)]))
+    try:
+        labels = labels_for([curve.variant for curve in found], label)
+    except LabelError as err:
+        raise MappingError(str(err)) from None
+    found = [replace(curve, variant=labels[curve.variant]) for curve in found]
+    named = labels_line(labels)
+    report = report_curves(found, title, out_dir, c_min=c_min, base=labels.get(resolved.base, resolved.base),
+                           source=source, mapping=tuple([*resolved.said, *([named] if named else []),
+                                                         *(f"warning: {w}" for w in resolved.warned)]))
     if attach is not None:
         uri, experiment = attach
         try:

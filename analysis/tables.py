@@ -14,6 +14,11 @@ Two forms, told apart by their columns (docs/bring-your-own-runs.md):
   such a chart), else the row order. The shape is as W&B's issues show it (the companions:
   https://github.com/wandb/wandb/issues/5222, https://github.com/wandb/wandb/issues/5349): the header
   `"Step","<run> - <metric>","<run> - <metric>__MIN","<run> - <metric>__MAX",...`, every cell quoted.
+- a wide table, the commonest hand-made export: a step column first (`step`, `Step`, `global_step`, `_step`,
+  `iteration`), then one column a run holding its reward (an empty cell where it has no point): each run's metric is
+  `reward`. A first column `compute` (GPU-hours) instead gives each run the metric `compute` too, its steps the row
+  order. No other column may be named like a long table's (`reward`, `variant`, `compute`, `time`): such a file is a
+  long table lacking its `run` column, and is refused so.
 A file has no clock unless it has a `time` or `timestamp` column (seconds since the epoch, or ISO 8601; a time with
 no zone is UTC): then the series keep those times, and a run's start is its first.
 """
@@ -38,6 +43,10 @@ WANDB_STEP = "Step"  # the x column of a W&B chart drawn against the step
 WANDB_SEP = " - "  # `<run> - <metric>`
 WANDB_BAND = ("__MIN", "__MAX")  # the companions of a W&B chart export's columns: the chart's band, not data
 WANDB_RUN_STEP = "_step"  # `<run> - _step`: the run's step where the chart's x-axis is another metric
+WIDE_STEPS = ("step", "steps", "global_step", "_step", "iteration", "iter")  # a wide table's first column (any case)
+WIDE_COMPUTE = "compute"
+WIDE_METRIC = "reward"  # what a wide table's cells are
+LONG_NAMES = ("reward", "variant", "compute", "time", "timestamp", "step")  # a long table's columns, not runs
 
 
 class TableError(AnalysisError):
@@ -87,6 +96,8 @@ def read_table(path) -> list[SourceRun]:
     if suffix == ".csv" or suffix == ".parquet":
         if _is_wandb_export(columns):
             return _wandb_runs(path, columns, rows)
+        if _is_wide(columns):
+            return _wide_runs(path, columns, rows)
     raise UnknownTableShape(_shape_problem(path, columns, suffix))
 
 
@@ -251,6 +262,40 @@ def _wandb_runs(path: Path, columns: list[str], rows) -> list[SourceRun]:
     return runs
 
 
+# ---- the wide form -----------------------------------------------------------------------------------------
+
+
+def _is_wide(columns: list[str]) -> bool:
+    first = columns[0].strip().lower()
+    return (len(columns) >= 2 and (first in WIDE_STEPS or first == WIDE_COMPUTE)
+            and not any(name.strip().lower() in LONG_NAMES for name in columns[1:]))
+
+
+def _wide_runs(path: Path, columns: list[str], rows) -> list[SourceRun]:
+    axis = columns[0]
+    by_steps = axis.strip().lower() in WIDE_STEPS
+    runs = []
+    for column in columns[1:]:
+        points: dict[str, list] = {WIDE_METRIC: []} | ({} if by_steps else {WIDE_COMPUTE: []})
+        for index, (where, row) in enumerate(rows):
+            value = _number(path, where, column, row.get(column))
+            if value is None:
+                continue  # the run has no point on this row
+            step = _step(path, where, row.get(axis), column=axis) if by_steps else index
+            points[WIDE_METRIC].append((step, value, None, where))
+            if not by_steps:
+                compute = _number(path, where, axis, row.get(axis))
+                if compute is None:
+                    raise BadTableValue(f"{path}: {where} has no {axis!r}")
+                points[WIDE_COMPUTE].append((step, compute, None, where))
+        series = {name: _series(path, column.strip(), name, found) for name, found in points.items() if found}
+        if series:
+            runs.append(_source_run(column.strip(), series, {}))
+    if not runs:
+        raise EmptyTable(f"{path}: a wide table ({axis!r}, then a column a run) with no point in it")
+    return runs
+
+
 # ---- points to runs -----------------------------------------------------------------------------------------
 
 
@@ -360,4 +405,5 @@ def _shape_problem(path: Path, columns: list[str], suffix: str) -> str:
     if suffix in (".jsonl", ".ndjson"):
         return f"{path}: no {RUN!r} key ({found}){hint}; a JSON Lines file of curves is one point a line, with a run"
     return (f"{path}: no {RUN!r} column ({found}){hint}; a file of curves is a long table (a {RUN!r} column, one "
-            f"point a row) or a W&B chart export ({WANDB_STEP!r}, then '<run>{WANDB_SEP}<metric>' columns)")
+            f"point a row), a W&B chart export ({WANDB_STEP!r}, then '<run>{WANDB_SEP}<metric>' columns) or a wide "
+            f"table ({STEP!r}, then a column a run)")

@@ -143,6 +143,120 @@ def test_steps_that_cost_differently_between_variants_are_warned_about():
     assert resolve(same, Mapping(base="base")).warned == []
 
 
+# each trainer's step-cost params as that trainer logs them (TRL's flat TrainingArguments, verl's config flattened
+# with "/", OpenRLHF's args, ablate's config flattened with "."), written out here rather than read from the module
+STEP_COST_NAMES = [
+    "num_generations", "max_completion_length", "max_prompt_length", "per_device_train_batch_size",
+    "gradient_accumulation_steps", "generation_batch_size", "steps_per_generation", "num_iterations",
+    "train_batch_size",
+    "actor_rollout_ref/rollout/n", "data/train_batch_size", "data/max_response_length", "data/max_prompt_length",
+    "actor_rollout_ref/actor/ppo_epochs",
+    "n_samples_per_prompt", "rollout_batch_size", "generate_max_len", "prompt_max_len",
+    "batch.prompts_per_step", "batch.samples_per_prompt", "generation.max_prompt_tokens",
+    "generation.max_think_tokens", "generation.max_answer_tokens",
+]
+
+
+@pytest.mark.parametrize("key", STEP_COST_NAMES)
+def test_each_trainers_step_cost_param_is_warned_about_where_it_differs(key):
+    runs = [_trl("base-s1", params={key: "8", "learning_rate": "1e-6"}),
+            _trl("big-s1", params={key: "16", "learning_rate": "1e-6"})]
+    warned = resolve(runs, Mapping(base="base")).warned
+    assert len(warned) == 1 and f"{key} 16 (big) vs 8 (base)" in warned[0]
+
+
+def test_a_param_that_sets_no_steps_cost_is_not_warned_about():
+    # the negative control of the test above: a learning rate differs, a step costs the same
+    runs = [_trl("base-s1", params={"learning_rate": "1e-6", "actor_rollout_ref/actor/optim/lr": "1e-6"}),
+            _trl("big-s1", params={"learning_rate": "3e-6", "actor_rollout_ref/actor/optim/lr": "3e-6"})]
+    assert resolve(runs, Mapping(base="base")).warned == []
+
+
+def test_verl_runs_that_differ_in_samples_per_prompt_are_told_the_compute_that_fixes_it():
+    per_step = {"val-core/gsm8k/reward/mean@1": (STEPS_6, RISING), "timing_s/step": (list(range(1, 51)), [30.0] * 50)}
+    params = {"trainer/n_gpus_per_node": "8", "trainer/nnodes": "1"}
+    runs = [_run("base", per_step, params=params | {"actor_rollout_ref/rollout/n": "8"}),
+            _run("n16", per_step, params=params | {"actor_rollout_ref/rollout/n": "16"})]
+    warned = resolve(runs, Mapping(base="base")).warned
+    assert len(warned) == 1
+    assert "actor_rollout_ref/rollout/n 16 (n16) vs 8 (base)" in warned[0]
+    assert "--compute cumsum:timing_s/step*0.00222 puts them on GPU-hours (8 GPUs" in warned[0]
+    no_gpus = [_run(r.name, per_step, params={"actor_rollout_ref/rollout/n": r.params["actor_rollout_ref/rollout/n"]})
+               for r in runs]
+    assert "--compute cumsum:timing_s/step*GPUS/3600" in resolve(no_gpus, Mapping(base="base")).warned[0]
+
+
+def test_a_running_sum_of_a_per_step_metric_by_hand_and_its_refusals():
+    reward = ([0, 2, 4], [0.1, 0.3, 0.4])
+    good = {"eval_reward": reward, "timing_s/step": ([1, 2, 3, 4], [10.0, 20.0, 15.0, 25.0])}
+    runs = [_run("base", good), _run("other", good)]
+    resolved = resolve(runs, Mapping(compute="cumsum:timing_s/step*0.5"))
+    assert resolved.compute.unit == GPU_HOURS and "running sum of timing_s/step" in resolved.compute.text
+    # step 2: (10 + 20) x 0.5; step 4: (10 + 20 + 15 + 25) x 0.5
+    assert list(curves(runs, resolved)[0].compute) == [0.0, 15.0, 35.0]
+    rising = {"eval_reward": reward, "timing_s/step": ([1, 2, 3, 4], [10.0, 11.0, 12.0, 13.0])}
+    assert resolve([_run("base", rising), _run("other", rising)], Mapping(compute="cumsum:timing_s/step")) \
+        .compute.unit == "sum of timing_s/step"  # slowly longer steps are still steps, not a running total
+    refused = {
+        "already grows": {"timing_s/step": ([1, 2, 3, 4], [10.0, 20.0, 30.0, 40.0])},
+        "between steps 2 and 4": {"timing_s/step": ([1, 2, 4], [10.0, 20.0, 40.0])},
+        "from step 3, not step 1": {"timing_s/step": ([3, 4], [10.0, 20.0])},
+    }
+    for words, metric in refused.items():
+        bad = {"eval_reward": reward} | metric
+        with pytest.raises(MappingError, match=re.escape(words)):
+            resolve([_run("base", bad), _run("other", good)], Mapping(compute="cumsum:timing_s/step*0.5"))
+
+
+def test_a_clock_axis_that_starts_late_is_counted_from_each_runs_first_point():
+    # W&B's export against "Relative Time (Process)": the validation before training is at 120 s (150 s), not 0
+    axis = "Relative Time (Process)"
+    late = [_run("base", {"eval/reward": ([0, 1, 2], [0.1, 0.3, 0.4]), axis: ([0, 1, 2], [120.0, 3720.0, 7320.0])}),
+            _run("other", {"eval/reward": ([1, 3, 5], [0.1, 0.2, 0.3]), axis: ([1, 3, 5], [150.0, 3750.0, 7350.0])})]
+    # (the second run's points are rows 1, 3, 5 of the export: its first point is its row, not step 0)
+    resolved = resolve(late, Mapping(compute=f"{axis}*{8 / 3600}"))
+    out = curves(late, resolved)
+    assert np.allclose(out[0].compute, [0.0, 8.0, 16.0]) and np.allclose(out[1].compute, [0.0, 8.0, 16.0])
+    assert any("Relative Time (Process) does not start at 0 (0.267 to 0.333 GPU-hours at the first point of 2 runs)"
+               in line for line in resolved.said), resolved.said
+    from_zero = [_run(r.name, {"eval/reward": ([0, 1, 2], [0.1, 0.3, 0.4]), axis: ([0, 1, 2], [0.0, 3600.0, 7200.0])})
+                 for r in late]
+    resolved = resolve(from_zero, Mapping(compute=axis))
+    assert np.allclose(curves(from_zero, resolved)[0].compute, [0.0, 3600.0, 7200.0])
+    assert not any("does not start at 0" in line for line in resolved.said)
+
+
+def test_r0_also_serves_a_run_with_no_point_at_compute_0():
+    # the reward's first point is at step 5, after 5 steps' compute: no R0 there, and --r0 gives it at compute 0
+    first_late = {"eval_reward": ([5, 10, 20], [0.3, 0.4, 0.5]), "timing_s/step": (list(range(1, 21)), [3600.0] * 20)}
+    runs = [_run("base", first_late), _run("other", first_late)]
+    with pytest.raises(MappingError, match=r"no eval_reward at step 0 \(compute 0\) in the runs of base, other"):
+        curves(runs, resolve(runs, Mapping(compute="cumsum:timing_s/step*0.000277777777778")))
+    resolved = resolve(runs, Mapping(compute="cumsum:timing_s/step*0.000277777777778", r0=0.05))
+    out = curves(runs, resolved)
+    assert list(out[0].step) == [0, 5, 10, 20] and np.allclose(out[0].compute, [0.0, 5.0, 10.0, 20.0])
+    assert out[0].pass_rate[0] == 0.05
+
+
+@pytest.mark.parametrize("names, taken", [
+    (["eval/accuracy", "eval/loss"], "eval/accuracy"),
+    (["val/acc", "val/loss"], "val/acc"),
+    (["test/pass@1"], "test/pass@1"),
+    (["val-core/math/score"], "val-core/math/score"),
+    (["eval/loss", "train/accuracy"], None),  # a training accuracy is not a validation one
+    (["eval/accuracy", "val/score"], "2 validation metrics are named like one"),
+])
+def test_a_validation_reward_is_taken_by_its_meaning_where_it_is_the_only_one(names, taken):
+    runs = [_run(run, {name: (STEPS_6, RISING) for name in names}) for run in ("base", "other")]
+    if taken is None or " " in taken:
+        with pytest.raises(MappingError, match=re.escape(taken or "none is named like a validation reward")):
+            resolve(runs)
+        return
+    resolved = resolve(runs)
+    assert set(resolved.reward.values()) == {taken}
+    assert any(line.startswith(f"reward: {taken} (the only validation metric named like") for line in resolved.said)
+
+
 def test_variants_by_tag_param_and_name_pattern():
     runs = [_trl("x1", tags={"arm": "a"}, params={"lr": "1"}), _trl("x2", tags={"arm": "b"}, params={"lr": "2"})]
     assert resolve(runs, Mapping(variant="tag:arm", base="a")).variants == {"x1": "a", "x2": "b"}
@@ -155,7 +269,7 @@ def test_variants_by_tag_param_and_name_pattern():
 def test_a_run_without_a_step_0_reward_needs_r0_and_gets_it_from_the_flag():
     late = {"eval_reward": ([10, 20, 30, 40, 50], RISING[1:])}
     runs = [_run("base", late), _run("other", late)]
-    with pytest.raises(MappingError, match=r"no eval_reward at step 0 in the runs of base, other: .*--r0 VALUE"):
+    with pytest.raises(MappingError, match=r"no eval_reward at step 0 \(compute 0\) in the runs of base, other: .*--r0 VALUE"):
         curves(runs, resolve(runs, Mapping(base="base")))
     resolved = resolve(runs, Mapping(base="base", r0=0.1))
     out = curves(runs, resolved)
@@ -329,6 +443,33 @@ def test_runs_with_verls_names_are_judged_right_by_their_known_laws(mlflow_uri, 
                           "per step?") and "\n" not in err
 
 
+def test_a_verl_sweep_over_samples_per_prompt_is_put_on_gpu_hours_and_its_verdict_changes(mlflow_uri, tmp_path,
+                                                                                          capsys):
+    """verl runs that differ only in actor_rollout_ref/rollout/n, 16 samples a prompt costing each step twice the
+    seconds of 8, on one law in GPU-hours: by the step, n16 looks to need half the compute, and the report warns,
+    naming the param and the --compute that fixes it; on GPU-hours summed from timing_s/step (8 GPUs: x 8/3600),
+    the verdict is the laws' own, no change."""
+    from analysis.__main__ import main
+    from analysis.synthetic import Truth
+    from foreign_runs import VerlVariant, make_verl_experiment
+
+    law = Truth(A=0.7, B=2.0, C_mid=6.0, R0=0.3)
+    make_verl_experiment(mlflow_uri, "verl-n", steps=60, test_freq=5, variants={
+        "base": VerlVariant(law=law, seconds_per_step=90.0),
+        "n16": VerlVariant(law=law, seconds_per_step=180.0, config={"actor_rollout_ref/rollout/n": 16})})
+    args = ["report", "--experiment", "verl-n", "--tracking-uri", mlflow_uri]
+    assert main([*args, "--out", str(tmp_path / "steps")]) == 0
+    by_step = " ".join(capsys.readouterr().out.split())
+    assert ("warning: compute is the step, but a step costs another amount in different variants "
+            "(actor_rollout_ref/rollout/n 16 (n16) vs 8 (base))") in by_step
+    assert "--compute cumsum:timing_s/step*0.00222 puts them on GPU-hours (8 GPUs" in by_step
+    moved = re.search(r"Against base, n16 needs (0\.\d+)x base's compute", by_step)
+    assert moved and abs(float(moved.group(1)) - 0.5) < 0.15, by_step
+    assert main([*args, "--out", str(tmp_path / "gpu_hours"), "--compute", "cumsum:timing_s/step*0.00222"]) == 0
+    by_hours = " ".join(capsys.readouterr().out.split())
+    assert "warning" not in by_hours and "no variant moved" in by_hours, by_hours
+
+
 def test_a_mapping_flag_on_runs_ablate_logged_is_refused(mlflow_uri, tmp_path, capsys):
     """ablate's runs are read by their tags, sweep by sweep; a mapping would pool its sweeps by variant name."""
     from mlflow.tracking import MlflowClient
@@ -343,4 +484,4 @@ def test_a_mapping_flag_on_runs_ablate_logged_is_refused(mlflow_uri, tmp_path, c
                  "--base", "loo-fp32"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == ("error: experiment tiny holds runs ablate logged, read by their tags (--sweep picks a sweep); "
-                   "--reward, --compute, --variant, --base, --r0 and --mapping are for another trainer's runs")
+                   "--reward, --compute, --variant, --base, --r0, --label and --mapping are for another trainer's runs")

@@ -806,14 +806,14 @@ def test_plots_draw_compute_in_a_unit_that_suits_the_runs_and_a_panel_per_varian
     report = make_report("small", tracking_uri=uri, out_dir=tmp_path / "out")
     overview = next(fig for fig in saved if fig.get_suptitle())
     panels = [ax for ax in overview.axes if ax.axison]
-    assert [ax.get_title().split(":")[0] for ax in panels] == [row.label for row in ordered_rows(report)]
+    assert [ax.get_title().split("\n")[0] for ax in panels] == [row.label for row in ordered_rows(report)]
     assert {ax.get_xlabel() for ax in panels if ax.get_xlabel()} == {"compute (GPU-milliseconds)"}
     labels = {ax.get_xlabel() for fig in saved for ax in fig.axes if "compute" in ax.get_xlabel()}
     assert labels == {"compute (GPU-milliseconds)", "compute C (GPU-milliseconds, log)"}  # each variant's too
     top = max(np.max(line.get_xdata()) for ax in panels for line in ax.get_lines() if len(line.get_xdata()))
     assert 252 * 0.99 < top < 252 * 1.2  # the run's end, in GPU-milliseconds (the law drawn 10% past it)
     greys = [ax for ax in panels if any(line.get_color() == BASE_GREY for line in ax.get_lines())]
-    assert len(greys) == 2 and panels[0].get_title() == "scalerl: base"  # the base behind each other variant
+    assert len(greys) == 2 and panels[0].get_title() == "scalerl\nbase"  # the base behind each other variant
 
 
 def test_no_legend_is_asked_of_a_figure_with_nothing_labelled(tmp_path):

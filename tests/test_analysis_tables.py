@@ -176,6 +176,28 @@ def test_a_wandb_chart_against_another_metric_keeps_it_as_a_metric(tmp_path):
     assert b.history("compute/gpu_hours").value.tolist() == [1.5]
 
 
+def test_a_wide_table_gives_the_runs_of_the_long_table(tmp_path):
+    # EXPECTED's rewards as a hand-made export: a step column, then one column a run, empty where it has no point
+    wide = write_csv(tmp_path / "wide.csv", ["Step", "seed-a", "seed-b", "no-kl"],
+                     [[0, 0.10, 0.12, 0.11], [10, 0.30, 0.28, 0.25], [20, 0.45, 0.41, None]])
+    rewards = {name: ({}, {"reward": metrics["reward"]}) for name, (_, metrics) in EXPECTED.items()}
+    assert as_plain(read_table(wide)) == rewards
+    parquet = write_parquet(tmp_path / "wide.parquet", ["step", "seed-a", "seed-b", "no-kl"],
+                            [[0, 0.10, 0.12, 0.11], [10, 0.30, 0.28, 0.25], [20, 0.45, 0.41, None]])
+    assert as_plain(read_table(parquet)) == rewards
+    by_compute = write_csv(tmp_path / "by_compute.csv", ["compute", "a", "b"], [[0.0, 0.1, 0.2], [2.5, 0.3, None]])
+    assert as_plain(read_table(by_compute)) == {
+        "a": ({}, {"reward": ([0, 1], [0.1, 0.3]), "compute": ([0, 1], [0.0, 2.5])}),
+        "b": ({}, {"reward": ([0], [0.2]), "compute": ([0], [0.0])})}
+    # a long table that lost its run column is not read as runs named "reward" and "compute"
+    lost = write_csv(tmp_path / "lost.csv", ["step", "reward", "compute"], [[0, 0.1, 0.0]])
+    with pytest.raises(UnknownTableShape, match="no 'run' column"):
+        read_table(lost)
+    bad = write_csv(tmp_path / "bad.csv", ["step", "a"], [[0, 0.1], [1.5, 0.2]])
+    with pytest.raises(BadTableValue, match=r"line 3, column 'step': '1.5' is not a whole step"):
+        read_table(bad)
+
+
 def test_the_same_value_twice_at_a_step_is_one_point(tmp_path):
     path = write_csv(tmp_path / "twice.csv", ["run", "step", "reward"], [["a", 0, 0.1], ["a", 1, 0.2], ["a", 1, 0.2]])
     assert read_table(path)[0].history("reward").step.tolist() == [0, 1]
@@ -216,12 +238,13 @@ def test_each_bad_file_gets_one_line(tmp_path):
     capital = write_csv(tmp_path / "capital.csv", ["Run", "step", "reward"], [["a", 0, 0.1]])
     assert error(capital, UnknownTableShape) == (
         f"{capital}: no 'run' column (columns found: 'Run', 'step', 'reward'); did you mean 'Run'? (column names "
-        "are matched as written); a file of curves is a long table (a 'run' column, one point a row) or a W&B "
-        "chart export ('Step', then '<run> - <metric>' columns)")
+        "are matched as written); a file of curves is a long table (a 'run' column, one point a row), a W&B "
+        "chart export ('Step', then '<run> - <metric>' columns) or a wide table ('step', then a column a run)")
     neither = write_csv(tmp_path / "neither.csv", ["epoch", "loss"], [[0, 1.0]])
     assert error(neither, UnknownTableShape) == (
         f"{neither}: no 'run' column (columns found: 'epoch', 'loss'); a file of curves is a long table (a 'run' "
-        "column, one point a row) or a W&B chart export ('Step', then '<run> - <metric>' columns)")
+        "column, one point a row), a W&B chart export ('Step', then '<run> - <metric>' columns) or a wide table "
+        "('step', then a column a run)")
     keys = write_jsonl(tmp_path / "keys.jsonl", ["run_name", "reward"], [["a", 0.1]])
     assert error(keys, UnknownTableShape) == (
         f"{keys}: no 'run' key (columns found: 'run_name', 'reward'); did you mean 'run_name'? (column names are "

@@ -120,3 +120,46 @@ def test_at_1280_by_900_the_finding_and_the_ab_plot_lie_in_the_first_screen(adap
     assert where["height"] > SCREEN[1]  # there is more below: the page is not cut to one screen
     _render(adaptive_report.html, artifacts / "report-full-page.png", (SCREEN[0], where["height"]), WHERE)
     assert (artifacts / "report-full-page.png").stat().st_size > (artifacts / "report-first-screen.png").stat().st_size
+
+
+# Injected likewise: the page's width against the window's, the A/B plot's box, and every heading's box
+LAYOUT = """<script>window.addEventListener("load", () => {
+  const box = (el) => { const r = el.getBoundingClientRect();
+                        return {top: r.top, bottom: r.bottom, left: r.left, right: r.right}; };
+  console.log("layout " + JSON.stringify({width: document.documentElement.scrollWidth, window: window.innerWidth,
+    forest: box(document.getElementById("forest")),
+    headings: [...document.querySelectorAll("h1, h2, h3, summary, figcaption")].map(box)}));
+});</script>"""
+
+
+def test_six_variants_with_70_character_names_keep_the_first_screen_readable(tmp_path):
+    """Issue 53: with real run names the A/B plot's panels were squeezed to a few pixels and the page ran wider than
+    the window. A report of 6 variants with 70-character names, from a wide CSV through the CLI: the page no wider
+    than 1280, the A/B plot in the first screen and tall, no heading over another; the screenshot kept."""
+    from test_analysis_labels import NAMES, _law
+
+    path = tmp_path / "wide.csv"
+    rows = ["Step," + ",".join(NAMES)]
+    rows += [f"{s}," + ",".join(f"{float(_law(s * 1.0, 0.5 + 0.02 * k)):.4f}" for k in range(len(NAMES)))
+             for s in range(0, 201, 10)]
+    path.write_text("\n".join(rows) + "\n")
+    from analysis.__main__ import main
+
+    assert main(["report", "--csv", str(path), "--out", str(tmp_path / "report"), "--base", NAMES[0]]) == 0
+    artifacts = Path(os.environ.get("ABLATE_TEST_ARTIFACTS", REPO / "test-artifacts"))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    messages = _render(tmp_path / "report" / "report.html", artifacts / "report-long-names-first-screen.png",
+                       SCREEN, LAYOUT)
+    said = [m.removeprefix("layout ") for m in messages if m.startswith("layout ")]
+    assert said, messages
+    layout = json.loads(said[0])
+    assert layout["width"] <= layout["window"] == SCREEN[0], layout
+    forest = layout["forest"]
+    assert 0 <= forest["top"] < forest["bottom"] <= SCREEN[1] and forest["bottom"] - forest["top"] > 300, forest
+    boxes = [b for b in layout["headings"] if b["bottom"] > b["top"]]
+    assert len(boxes) >= 5
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            apart = a["bottom"] <= b["top"] or b["bottom"] <= a["top"] or a["right"] <= b["left"] or \
+                b["right"] <= a["left"]
+            assert apart, (a, b)
