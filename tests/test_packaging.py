@@ -43,3 +43,38 @@ def test_no_module_shares_its_name_with_a_folder_beside_it():
               for p in sorted((ROOT / package).rglob("*.py")) if p.with_suffix("").is_dir()]
     assert shared == [], f"a module and a folder of one name: {shared}"
     assert (ROOT / "ablate" / "tasks" / "data" / "math_sample.jsonl").is_file()
+
+
+def _toml(path: Path) -> dict:
+    import tomllib
+
+    return tomllib.loads(path.read_text())
+
+
+def test_the_analysis_alone_pins_what_ablate_pins_and_ships_the_same_data():
+    """packaging/analysis builds the package `analysis` on its own (no torch, vLLM or transformers): each of its
+    dependencies is written as ablate's own pyproject writes it, and it ships the same data files."""
+    ours, alone = _toml(ROOT / "pyproject.toml"), _toml(ROOT / "packaging" / "analysis" / "pyproject.toml")
+    pinned = set(ours["project"]["dependencies"])
+    assert set(alone["project"]["dependencies"]) <= pinned, set(alone["project"]["dependencies"]) - pinned
+    assert alone["project"]["optional-dependencies"]["tensorboard"] == ours["project"]["optional-dependencies"][
+        "tensorboard"]
+    assert alone["tool"]["setuptools"]["package-data"]["analysis"] == ours["tool"]["setuptools"]["package-data"][
+        "analysis"]
+    assert alone["tool"]["setuptools"]["package-dir"]["analysis"] == "../../analysis"
+    heavy = {"torch", "transformers", "vllm", "trl", "hydra-core", "submitit", "datasets"}
+    names = {dep.split("=")[0].split(">")[0].split("<")[0].split("[")[0] for dep in alone["project"]["dependencies"]}
+    assert not names & heavy
+
+
+@pytest.mark.e2e  # pip builds the wheel: CI's e2e lane; .ci/run installs it alone in a venv and reports a file
+def test_the_analysis_wheel_carries_every_module_and_its_data(tmp_path: Path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    str(ROOT / "packaging" / "analysis"), "-w", str(tmp_path / "dist")], check=True,
+                   capture_output=True)
+    (wheel,) = (tmp_path / "dist").glob("ablate_analysis-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "analysis").glob("*.py")}
+    data = {str(p.relative_to(ROOT)) for p in (ROOT / "analysis" / "data").rglob("*") if p.is_file()}
+    assert modules <= names and data <= names, sorted((modules | data) - names)
+    assert not any(n.startswith(("ablate/", "launch/")) for n in names)
