@@ -1,7 +1,8 @@
 """What `python -m ablate` does: one run in the foreground, or a sweep of variants submitted as one job array.
 
     compose the base config -> the sweep emits variants (name, overrides) -> compose each -> signature
-    -> MLflow parent run for the sweep -> skip variants FINISHED with the same signature -> submit the rest
+    -> the pre-flight (ablate/preflight.py: one run's and a sweep's checks alike) -> MLflow parent run for the sweep
+    -> skip variants FINISHED with the same signature -> submit the rest
     -> (local) watch with a progress display -> report
 """
 
@@ -20,9 +21,8 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 
 from ablate import tracking
-from ablate.checks import (check_compute, check_imports, check_memory, check_model, check_run, gpu_memory_gb,
-                           preflight, tokenizer_of)
 from ablate.config import compose, lineage, merge_overrides, override_key, signature
+from ablate.preflight import check_before_submit, print_found
 from ablate.progress import StepBar, SweepDisplay, hours
 from ablate.rungs import check_settings
 from ablate.sweeps import Variant, replicate
@@ -30,7 +30,7 @@ from analysis.report import SPREAD_TAG
 from analysis.runs import END_REASON_TAG, EXTENDED_TAG, SETTLED_TAG
 from analysis.spread import Spread
 from launch.status import ALIVE, job_states
-from launch.submit import JobSpec, Submission, check_request, resolve_cluster, submit
+from launch.submit import JobSpec, Submission, resolve_cluster, submit
 
 
 @dataclass
@@ -97,14 +97,9 @@ def run_single(cfg: DictConfig, overrides: Sequence[str]) -> int:
     The same run already FINISHED: nothing to do. Left unfinished with a checkpoint (killed, crashed): resumed.
     """
     (p,) = plan(cfg, overrides)
-    check_imports(p.cfg)  # before any run is created: what the run will import is here
-    check_model(p.cfg.model)
-    tokenizer = tokenizer_of(p.cfg.model)  # once: the pre-flight's and the memory model's (the phrase's tokens)
-    for line in preflight(p.cfg, tokenizer):
-        print_found(line)
-    check_compute(p.cfg.train)
-    check_run(p.cfg)
-    check_memory(p.cfg, gpu_memory_gb(p.cfg, "local"), tokenizer)
+    found = check_before_submit([p], cfg, cluster="local", dry_run=False)  # before any run is created
+    print_found(found)
+    found.raise_refusal()
     uri = tracking.check_reachable(cfg.tracking.uri, cfg.tracking.timeout_s)
     client = tracking.client(uri)
     exp_id = tracking.experiment_id(client, cfg.tracking.experiment)
@@ -133,11 +128,6 @@ def run_single(cfg: DictConfig, overrides: Sequence[str]) -> int:
     return 0
 
 
-def print_found(line: str) -> None:
-    """A line of the pre-flight: what was found on stdout, a warning (`WARNING: ...`) on stderr."""
-    print(line, file=sys.stderr if line.startswith("WARNING: ") else sys.stdout)
-
-
 def check_sweep(cfg: DictConfig) -> None:
     """The sweep's own settings, which no variant changes: one line naming the setting at fault."""
     if cfg.sweep.adaptive and (cfg.sweep.seeds > 1 or cfg.sweep.base_seeds > 1):
@@ -158,51 +148,18 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     sid = sweep_id(cfg, planned)
     print_plan(planned, f"sweep {sid}: {len(planned)} variant{'s' if len(planned) > 1 else ''}"
                + (" (dry run: nothing submitted)" if cfg.sweep.dry_run else ""))
-    for line in dict.fromkeys(line for p in planned for line in check_imports(p.cfg, bool(cfg.sweep.dry_run))):
-        print_found(line)  # before any run is created: what the jobs will import is here (a dry run: warned)
-    models = {_model_of(p.cfg): p.cfg.model for p in planned}  # the variants' models, once
-    for model in models.values():
-        check_model(model)  # before any run is created
-    tokenizers = {key: tokenizer_of(model) for key, model in models.items()}  # the pre-flight's, the memory model's
-    made_of = {json.dumps(OmegaConf.to_container(OmegaConf.masked_copy(p.cfg, ["model", "generation", "task"])),
-                          sort_keys=True): p for p in planned}  # the variants' models, generations and tasks, once
-    for line in dict.fromkeys(line for p in made_of.values()
-                              for line in preflight(p.cfg, tokenizers[_model_of(p.cfg)])):
-        print_found(line)
     launcher = OmegaConf.to_container(cfg.launcher, resolve=True, enum_to_str=True)
     requested = str(launcher["cluster"])  # a dry run of launcher=slurm may be made where SLURM is not
     cluster = requested if cfg.sweep.dry_run and requested != "auto" else resolve_cluster(requested)
-    gpu_gb = gpu_memory_gb(planned[0].cfg, cluster)
-    printed = None  # the estimate printed last: a variant whose own differs (loo-8op's validation) says so
-    for p in planned:
-        check_compute(p.cfg.train)
-        check_run(p.cfg)
-        if cfg.sweep.adaptive:
-            check_settings(cfg.sweep, int(p.cfg.train.steps))
-        estimate = check_memory(p.cfg, gpu_gb, tokenizers[_model_of(p.cfg)])
-        lines = [process.describe(gpu_gb) for process in estimate or ()]
-        if lines and printed is None:
-            print("memory per GPU (ablate/memory.py's estimate at the longest rows):")
-            print("\n".join(f"  {line}" for line in lines))
-            printed = lines
-        else:
-            for line in (line for line in lines if line not in printed):
-                print(f"  {p.variant.label}: {line}")
+    found = check_before_submit(planned, cfg, cluster=cluster, dry_run=bool(cfg.sweep.dry_run))
+    print_found(found)  # before any run is created: what the jobs will import, load and hold
+    found.raise_refusal()
     phases.done("the pre-flight checks")
-    if gpu_gb:  # on GPUs: what the runs would cost there
-        print_cost(planned)
-    if requested == "slurm" or cluster == "slurm":
-        launcher["signal_delay_s"] = size_warning(planned, launcher, gpu_gb)
+    launcher["signal_delay_s"] = found.signal_delay_s
     if cfg.sweep.dry_run:
         if len(planned) > 1:  # the designs compare variants: none for one run
             print_designs(cfg, planned)
         return 0
-    if cluster == "slurm":
-        check_request(launcher)  # a request no node of the partition can hold: before any run is created
-    gpus, per_job = local_gpus(planned[0].cfg) if cluster == "local" else ([], 0)
-    if per_job > len(gpus):
-        raise ValueError(f"each variant's layout takes {per_job} GPU(s) (run.trainer_gpus + run.generator_gpus) and "
-                         f"this machine has {len(gpus)}")
     uri = tracking.check_reachable(cfg.tracking.uri, cfg.tracking.timeout_s)  # before any job starts
     client = tracking.client(uri)
     exp_id = tracking.experiment_id(client, cfg.tracking.experiment)
@@ -244,8 +201,8 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     about = {"sweep": sid, "tracking_uri": uri, "experiment": cfg.tracking.experiment, "parent_run_id": parent,
              "metrics": ["val/pass_rate", "compute/gpu_hours"]}
     submission = submit(run_variant, specs, launcher, folder, job_name=f"ablate-{sid}",
-                        done=lambda spec: skip_reasons.get(kinds[spec.signature]), about=about, gpus=gpus,
-                        gpus_per_job=per_job)
+                        done=lambda spec: skip_reasons.get(kinds[spec.signature]), about=about, gpus=found.gpus,
+                        gpus_per_job=found.per_job)
     new = [it for it in submission.items if not it.skipped_as]
     phases.done(f"submitting {len(new)} ({submission.cluster})")
     finished, alive = (sum(1 for k in kinds.values() if k == kind) for kind in ("finished", "alive"))
@@ -297,11 +254,6 @@ class Phases:
         return ", ".join(f"{seconds:.1f} s {phase}" for phase, seconds in self.seconds.items())
 
 
-def _model_of(cfg: DictConfig) -> str:
-    """A variant's model, as a key: the variants of one model share its checks and its tokenizer."""
-    return json.dumps(OmegaConf.to_container(cfg.model), sort_keys=True)
-
-
 def spread_prior(sweep: DictConfig) -> Spread:
     """The prior of the spread between runs of one recipe this sweep's report uses (sweep.run_sd_*)."""
     return Spread(sd_A=float(sweep.run_sd_A), sd_B=float(sweep.run_sd_B), prior_dof=float(sweep.run_sd_dof))
@@ -311,90 +263,6 @@ def check_spread(sweep: DictConfig) -> None:
     for key in ("run_sd_A", "run_sd_B", "run_sd_dof"):
         if not float(sweep[key]) >= 0:
             raise ValueError(f"sweep.{key}={sweep[key]}: must be 0 or more")
-
-
-def size_warning(planned: Sequence[Planned], launcher: dict, gpu_gb: float | None) -> int:
-    """launcher.signal_delay_s for the sweep's jobs: as set, or unset sized from the cost and memory models (the
-    variant that needs the most; cost.MIN_SIGNAL_DELAY_S where there is no estimate, on CPUs); printed with what it
-    must hold, and a warning when a value set is shorter. Refused at or above the job's time limit, where the jobs
-    would requeue themselves for ever, and above SLURM's most (checks.check_signal_delay)."""
-    from ablate import cost, memory
-    from ablate.checks import check_signal_delay, model_shape
-
-    chosen = launcher.get("signal_delay_s")
-    if not gpu_gb:
-        delay = int(chosen or cost.MIN_SIGNAL_DELAY_S)
-        check_signal_delay(delay, int(launcher["timeout_min"]), sized=chosen is None)
-        return delay
-    shape = model_shape(planned[0].cfg.model)
-    margins = [cost.warning_margin(p.cfg, shape.params,
-                                   memory.checkpoint_bytes(shape, ranks=int(p.cfg.run.trainer_gpus))) for p in planned]
-    margin = max(margins, key=lambda m: sum(m.values()))
-    needed = sum(margin.values())
-    parts = ", ".join(f"{what} {seconds:,.0f} s" for what, seconds in margin.items())
-    delay = int(chosen) if chosen is not None else cost.signal_delay(margin)
-    print(f"SLURM's warning {delay:,} s before the time limit (launcher.signal_delay_s"
-          f"{'' if chosen is not None else ', sized'}): checkpointing and requeuing take ~{needed:,.0f} s ({parts}; "
-          f"ablate/cost.py, the checkpoint at launcher.checkpoint_gb_per_s={float(launcher['checkpoint_gb_per_s']):g})")
-    check_signal_delay(delay, int(launcher["timeout_min"]), sized=chosen is None)
-    if delay < needed:
-        print(f"WARNING: launcher.signal_delay_s={delay} is shorter than that: at the time limit SLURM may kill a job "
-              f"before its checkpoint is written, losing its steps since the last one. Unset it (sized: "
-              f"{cost.signal_delay(margin)}), or set that much", file=sys.stderr)
-    if delay >= 60 * int(launcher["timeout_min"]) / 2:
-        print(f"WARNING: the warning takes {delay / 60:,.0f} of the job's {int(launcher['timeout_min']):,} minutes "
-              "(launcher.timeout_min): a longer time limit wastes less of each job", file=sys.stderr)
-    return delay
-
-
-def print_cost(planned: Sequence[Planned]) -> None:
-    """Each run's GPU-hours by the cost model (ablate/cost.py), at completions of half their budget and of all of
-    it, its own rows trained (cost.rows_trained); variants of the same cost on one line, the sweep's total, and the
-    paper's for scale. Then, at half the budget, the side that binds each (generation or learning), what a learner
-    twice as fast would save, and the generator tokens/s below which generation would bind."""
-    from ablate import cost
-    from ablate.checks import model_shape
-
-    first = planned[0].cfg
-    params = model_shape(first.model).params
-    budget = int(first.generation.max_think_tokens) + int(first.generation.max_answer_tokens)
-    speed = cost.throughput(first, params)
-    peak = float(first.run.get("peak_tflops") or cost.PEAK_TFLOPS[cost.PRICED_KIND])
-    print(f"GPU-hours (ablate/cost.py's estimate: {speed.generate:,.0f} tokens/s a generator GPU"
-          f"{'' if first.launcher.get('gen_tokens_per_s') else ' (an upper bound: launcher.gen_tokens_per_s)'}, "
-          f"{speed.train:,.0f} a trainer GPU at {speed.train * 6 * params / 1e12 / peak:.0%} MFU"
-          f"{'' if first.launcher.get('train_mfu') else ' (an estimate: launcher.train_mfu)'} of {peak:,.0f} TFLOP/s"
-          f"{'' if first.run.get('peak_tflops') else f' (an {cost.PRICED_KIND}: run.peak_tflops)'}; prompts at "
-          f"their budget, {int(first.generation.max_prompt_tokens):,} tokens; completions of {budget // 2:,} on "
-          f"average, or {budget:,}; every row trained without zero-variance filtering, {cost.KEPT:.0%} with it):")
-    lines: dict[str, list[str]] = {}
-    binds: dict[str, list[str]] = {}
-    total = [0.0, 0.0, 0.0]
-    for p in planned:
-        kept = cost.rows_trained(p.cfg)
-        half, full = (cost.estimate(p.cfg, params, completion, kept) for completion in (budget / 2, budget))
-        total = [total[0] + half.gpu_hours, total[1] + full.gpu_hours, total[2] + half.val_gpu_hours]
-        line = (f"{half.gpu_hours:,.0f} GPU-hours ({full.gpu_hours:,.0f}), {half.step_s:,.0f} s a step, "
-                f"{half.wall_h:,.1f} h on {half.gpus} GPU{'s' if half.gpus > 1 else ''}"
-                + (f", generators idle {half.generator_idle:.0%}" if half.generator_idle >= 0.005 else "")
-                + (f"; validation +{half.val_gpu_hours:,.0f} (not in C)" if half.val_gpu_hours else ""))
-        lines.setdefault(line, []).append(p.variant.label)
-        b = cost.binding(p.cfg, params, budget / 2)
-        said = (f"{b.run.binds}{' (the two in turns)' if b.run.turns else ''}: {b.run.generate_s:,.0f} s "
-                f"generating, {b.run.train_s:,.0f} s learning a step ({kept:.0%} of rows trained); a 2x learner saves "
-                f"{b.saved:,.0f} GPU-h ({b.saved / b.run.gpu_hours:.0%}); generation binds below {b.even:,.0f} "
-                f"tokens/s a generator GPU")
-        binds.setdefault(said, []).append(p.variant.label)
-    for line, labels in lines.items():
-        print(f"  {', '.join(labels)}: {line}")
-    if len(planned) > 1:
-        print(f"  the sweep: {total[0]:,.0f} GPU-hours ({total[1]:,.0f}), validation +{total[2]:,.0f}")
-    print(f"  for scale: the paper's LOO runs of an 8B model took ~{cost.PAPER_GPU_HOURS:,.0f} GPU-hours each "
-          f"(docs/design.md#the-cost-model says why an estimate may fall short of it)")
-    print("the side that binds, at half the budget (generation: the generator GPUs' tokens/s; learning: the "
-          "trainer GPUs' MFU):")
-    for said, labels in binds.items():
-        print(f"  {', '.join(labels)}: {said}")
 
 
 def print_designs(cfg: DictConfig, planned: Sequence[Planned]) -> None:
@@ -418,22 +286,6 @@ def print_designs(cfg: DictConfig, planned: Sequence[Planned]) -> None:
     print(f"  {'design':<{width}}  these runs  the recipes  GPU-hours")
     for r in rows:
         print(f"  {r.design.name:<{width}}  {r.runs:>10.3f}  {r.recipes:>11.3f}  {r.gpu_hours:>8.2f}x")
-
-
-def local_gpus(cfg: DictConfig) -> tuple[list[str], int]:
-    """This machine's GPUs (their ids, as CUDA_VISIBLE_DEVICES lists them) and how many of them one local job takes:
-    its layout's trainer ranks and engine processes when the model is on a GPU, none on the CPU."""
-    import os
-
-    import torch
-
-    from ablate.policy import device_of
-
-    if device_of(cfg.model).type != "cuda":
-        return [], 0
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    gpus = [g for g in listed.split(",") if g] if listed else [str(i) for i in range(torch.cuda.device_count())]
-    return gpus, int(cfg.run.trainer_gpus) + int(cfg.run.get("generator_gpus", 0))
 
 
 def interrupt(submission: Submission, client, parent: str, wait_s: float = 15.0) -> int:

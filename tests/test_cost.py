@@ -158,7 +158,7 @@ def test_the_side_that_binds_a_run_and_what_a_learner_twice_as_fast_saves_by_han
     assert (alone.run.binds, alone.run.turns, alone.saved) == ("generation", True, pytest.approx(96 * 0.048 / 3600))
 
 
-def test_the_preflight_says_which_side_binds_each_variant_and_what_a_2x_learner_saves(monkeypatch, capsys):
+def test_the_preflight_says_which_side_binds_each_variant_and_what_a_2x_learner_saves(monkeypatch):
     """The pre-flight's cost lines, the learning-bound runs of the test above at 5 TFLOP/s (0.3 MFU: 250 tokens/s)
     for 9,600 steps: the recipe 7.2 + 9,600 x 4.8 = 46,087.2 s on 6 GPUs, 76.8 GPU-hours (at the full budget 14.4 +
     9,600 x 8 s, 128.0), 4.8 s a step, 12.8 h, its generators idle 1 - 9,600 x 0.8 / 46,087.2 = 83%; a learner twice
@@ -166,15 +166,14 @@ def test_the_preflight_says_which_side_binds_each_variant_and_what_a_2x_learner_
     GPU-hours, and 38.4 saved of them, 43%."""
     from types import SimpleNamespace
 
-    from ablate import checks, run
+    from ablate import checks, preflight
 
     monkeypatch.setattr(checks, "model_shape", lambda model: SimpleNamespace(params=1e9))
     base = [*LAYOUT, "run.peak_tflops=5", "train.steps=9600", "train.val_every=0"]
     planned = [SimpleNamespace(cfg=compose(base), variant=SimpleNamespace(label="scalerl")),
                SimpleNamespace(cfg=compose([*base, "off_policy=ppo_off_policy"]),
                                variant=SimpleNamespace(label="loo-8op"))]
-    run.print_cost(planned)
-    printed = capsys.readouterr().out
+    printed = "\n".join(preflight.cost_lines(planned)) + "\n"
     assert ("GPU-hours (ablate/cost.py's estimate: 1,000 tokens/s a generator GPU, 250 a trainer GPU at 30% MFU of 5 "
             "TFLOP/s; prompts at their budget, 100 tokens; completions of 200 on average, or 400; every row trained "
             "without zero-variance filtering, 50% with it):\n"

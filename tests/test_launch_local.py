@@ -272,7 +272,7 @@ def test_a_local_sweep_whose_layout_takes_more_gpus_than_the_machine_has_fails_b
     """The local jobs' GPUs come from what the layout takes (trainer ranks + engine processes, on a GPU model); one
     that this machine cannot hold is refused, naming both numbers, before a run is created."""
     from ablate.config import compose
-    from ablate.run import local_gpus
+    from ablate.preflight import local_gpus
 
     cfg = compose(["run=fsdp", "run.generator_gpus=1", "model.device=cuda", "generator=hf"])
     os.environ["CUDA_VISIBLE_DEVICES"], previous = "0,1", os.environ.get("CUDA_VISIBLE_DEVICES")

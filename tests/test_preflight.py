@@ -1,6 +1,7 @@
 """The pre-flight's checks of what a job will import and load, and its warnings: a chosen option's package that is not
 installed, a chat template that does not render, a prompt template opening the thinking a chat template opens, a
-training set drawn over and over; and a job that fails anyway: its one line on the terminal, its traceback in a log.
+training set drawn over and over; the one pre-flight a single run and a sweep both go through (ablate/preflight.py);
+and a job that fails anyway: its one line on the terminal, its traceback in a log.
 """
 
 from __future__ import annotations
@@ -196,6 +197,77 @@ def test_passes_are_warned_past_the_bound_and_not_at_it(folders, loaded, tmp_pat
                       f"{data} has 55 distinct problems not in the validation file after dropping 5 in the validation "
                       "file, task.n_train_prompts=40 kept. Give more problems, hold fewer out, or train fewer steps "
                       "(docs/training.md#passes-over-the-data)")
+
+
+# ---- one pre-flight for both commands (ablate/preflight.py)
+
+def test_a_single_run_prints_the_memory_estimate_and_the_cost_its_dry_run_prints(tmp_path):
+    """`python -m ablate` and its dry run (a sweep of one variant) go through the one pre-flight: on a GPU of 80 GB
+    (launcher.gpu_memory_gb) the run prints, line for line, what its dry run prints under its plan: the memory
+    estimate and the cost. Before, the single run checked the memory and printed neither. The run then stops at
+    MLflow, whose database's folder is not there: nothing is created."""
+    common = ["launcher.gpu_memory_gb=80", f"tracking.uri=sqlite:///{tmp_path}/nowhere/mlflow.db"]
+    single = run_main("-m", "ablate", *common, cwd=tmp_path)
+    assert single.returncode == 2
+    assert single.stderr.strip() == (f"error: the folder of the MLflow database sqlite:///{tmp_path}/nowhere/mlflow.db "
+                                     f"does not exist: {tmp_path / 'nowhere'}")
+    dry = run_main("-m", "ablate", *common, "sweep.dry_run=true", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    title, header, rule, row, *found = dry.stdout.splitlines()
+    assert title.endswith(": 1 variant (dry run: nothing submitted)") and row.split()[0] == "scalerl"
+    assert single.stdout.splitlines() == found
+    assert found[0] == "memory per GPU (ablate/memory.py's estimate at the longest rows):"
+    assert found[1].startswith("  trainer rank 0: ~0.1 GB of 80 (")
+    assert found[2].startswith("GPU-hours (ablate/cost.py's estimate: ")
+    assert found[3].startswith("  scalerl: 0 GPU-hours (0), 0 s a step, 0.0 h on 1 GPU")  # one run: no sweep total
+    assert found[-2].startswith("the side that binds, at half the budget") and found[-1].startswith("  scalerl: ")
+    assert not [line for line in found if line.startswith("  the sweep: ")]
+
+
+def test_the_memory_estimate_is_the_first_variants_in_full_then_what_each_other_has_of_its_own():
+    """memory_lines, by hand: the recipe's two processes under the title; loo-8op's trainer as the recipe's (not
+    said again) and its engine process with validation's cache (said, named); loo-lp as the recipe (nothing)."""
+    from ablate.preflight import MEMORY_TITLE, memory_lines
+
+    trainer, engine = "trainer rank 0: ~30.0 GB of 80 (weights 30.0)", "each engine process: ~60.0 GB of 80 (vLLM 60.0)"
+    cached = "each engine process: ~60.0 GB of 80 (vLLM 50.0, validation's KV cache 10.0)"
+    assert memory_lines({"scalerl": [trainer, engine], "loo-8op": [trainer, cached], "loo-lp": [trainer, engine]}) \
+        == [MEMORY_TITLE, f"  {trainer}", f"  {engine}", f"  loo-8op: {cached}"]
+    assert memory_lines({"scalerl": [], "loo-8op": []}) == []  # on CPUs: no estimate, no title
+
+
+def test_what_the_preflight_finds_for_two_variants_whose_jobs_import_what_is_not_here(monkeypatch):
+    """check_before_submit's Found, by hand: generator=vllm where vLLM is not installed, for the recipe and loo-dapo
+    on CPUs (no GPU memory to check against). A dry run: the one warning, once for the two variants, and every other
+    check passed (each variant's layout checked: no memory estimate on CPUs); no GPUs looked for. A submit: refused
+    by that first check, with nothing found before it and no check after it (no layout checked). On SLURM, on CPUs:
+    SLURM's warning at its least, cost.MIN_SIGNAL_DELAY_S, with no line (no estimate to size it from)."""
+    from ablate import cost
+    from ablate.preflight import check_before_submit
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    line = VLLM_LINE.removeprefix("error: ")
+    warned = f"WARNING: {line}; a dry run goes on, a submit would stop here"
+
+    def planned(*overrides):
+        return [SimpleNamespace(cfg=compose(["generator=vllm", "model.device=cpu", *overrides, *extra]),
+                                variant=SimpleNamespace(label=label)) for label, extra in
+                (("scalerl", []), ("loo-dapo", ["loss=dapo"]))]
+
+    here = planned()
+    dry = check_before_submit(here, here[0].cfg, cluster="local", dry_run=True)
+    assert (dry.lines, dry.warnings, dry.refused) == ([warned], [warned], None)
+    assert (dry.gpu_gb, dry.estimate, dry.signal_delay_s, dry.gpus, dry.per_job) == \
+        (None, {"scalerl": [], "loo-dapo": []}, None, [], 0)
+    submit = check_before_submit(here, here[0].cfg, cluster="local", dry_run=False)
+    assert (submit.lines, submit.refused, submit.estimate) == ([], line, {})
+    with pytest.raises(ValueError) as refused:
+        submit.raise_refusal()
+    assert str(refused.value) == line
+    dry.raise_refusal()  # nothing refused: nothing raised
+    slurm = planned("launcher=slurm")
+    on_slurm = check_before_submit(slurm, slurm[0].cfg, cluster="slurm", dry_run=True)
+    assert (on_slurm.lines, on_slurm.refused, on_slurm.signal_delay_s) == ([warned], None, cost.MIN_SIGNAL_DELAY_S)
 
 
 # ---- a job that fails anyway
