@@ -3,14 +3,18 @@ PNG plots -> back to MLflow (attached to the sweep's parent run).
 
 `make_report` is the whole pipeline for a sweep of ours, `report_other_runs` for another trainer's runs read by a
 mapping (analysis/mapping.py; attached to a new run), both through `report_curves` (`python -m analysis report` is
-a thin shell around them; the words and tables are analysis/text.py). One report compares one sweep, runs of one setup (model, task, generator), and gives
-verdicts to complete, testable runs only; the seeds of a variant are fitted together; mock runs are checked against
-their truth (analysis/truth.py). Reading a report: docs/analysis.md; the method: docs/fitting.md.
+a thin shell around them; the words, tables and the page's blocks are analysis/text.py, their rendering
+analysis/page.py). `variant_rows` builds each variant's record once (`fitted`: its fit, or a failed fit's record,
+told apart in `pooled_fit` alone) and then its row (`_row`: rank, verdicts, truth). One report compares one sweep,
+runs of one setup (model, task, generator), and gives verdicts to complete, testable runs only; the seeds of a
+variant are fitted together; mock runs are checked against their truth (analysis/truth.py). Reading a report:
+docs/analysis.md; the method: docs/fitting.md.
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import math
 import re
 import statistics
@@ -26,7 +30,7 @@ from analysis.adaptive import Decision, decisions_of, report_rule, stopped_at
 from analysis.joint import CommonAFit, fit_common_A
 from analysis.law import FitError, SigmoidFit, prepare
 from analysis.plots import plot_linearized, plot_overview, plot_params, plot_variant
-from analysis.posterior import fit_state
+from analysis.posterior import FitState, fit_state
 from analysis.misfit import Misfit, misfit
 from analysis.rank import (A_NOT_IDENTIFIED, A_TIE, BASELINE, CATEGORIES, MISFIT, NO_VERDICT, NOT_TESTABLE, Ranked,
                            Verdict, rank_fits, verdict)
@@ -368,120 +372,186 @@ def report_curves(curves: list[RunCurve], title: str, out_dir=None, *, prior: Sp
 # --- rows: fits, ranking, verdicts, truth ------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Pooled:
+    """A group of runs fitted together: the fit, and the posterior state behind it (its grid and points, which a
+    common-A refit needs); no state where the fit failed (fit.status says why)."""
+
+    fit: SigmoidFit
+    state: FitState | None = None
+
+
+def pooled_fit(group: list[RunCurve], c_min: float | None = None) -> Pooled:
+    """The group's fit and its state, or a failed fit's record: the one place the two are told apart."""
+    compute, reward, runs = _pooled(group)
+    try:
+        state = fit_state(prepare(compute, reward, runs=runs, c_min=c_min))
+    except FitError as err:
+        return Pooled(SigmoidFit.failed(err.reason, n_runs=len(group)))
+    return Pooled(state.fit, state)
+
+
+def common_A(pooled: list[Pooled], names: list[str]) -> CommonAFit:
+    """Those fits refitted with one common A (analysis/joint.py); FitError naming the ones with no fit."""
+    missing = [name for name, p in zip(names, pooled) if p.state is None]
+    if missing:
+        raise FitError(f"no fit for {', '.join(missing)}")
+    return fit_common_A([p.state.data for p in pooled], [p.state for p in pooled])
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """One variant's runs fitted, before any comparison: the seeds pooled, each seed's own fit (the pooled one for a
+    single run), the strongest departure from the law, and for mock runs the truths."""
+
+    label: str
+    curves: list[RunCurve]
+    pooled: Pooled
+    seeds: list[SigmoidFit]
+    misfit: Misfit | None = None
+    truth: Truth | None = None  # the law the pooled curves follow
+    recipe_truth: Truth | None = None  # the variant's own law, before any run's draw
+
+    @property
+    def fit(self) -> SigmoidFit:
+        return self.pooled.fit
+
+    @property
+    def incomplete(self) -> str:
+        """Why its runs get no verdict ("" for complete runs)."""
+        return "; ".join(sorted({c.incomplete for c in self.curves if c.incomplete}))
+
+
+def fitted(group: list[RunCurve], label: str, c_min: float | None = None) -> Fitted:
+    """The record of one variant (its runs in `group`), built in this one place."""
+    pooled = pooled_fit(group, c_min)
+    params = [c.params for c in group]
+    return Fitted(label, group, pooled, _seed_fits(group, pooled, c_min), _misfit(group, pooled.fit),
+                  run_truth(params), recipe_truth(params))
+
+
+def _seed_fits(group: list[RunCurve], pooled: Pooled, c_min: float | None) -> list[SigmoidFit]:
+    return [pooled.fit] if len(group) == 1 else [pooled_fit([c], c_min).fit for c in group]
+
+
+def cut_at(base: Fitted, compute: float, c_min: float | None = None) -> Fitted:
+    """The base as an adaptive sweep's verdict compares with it: its runs up to `compute`, refitted (its departure
+    from the law and its truths stay the whole run's)."""
+    curves = [c.upto(compute) for c in base.curves]
+    pooled = pooled_fit(curves, c_min)
+    return replace(base, curves=curves, pooled=pooled, seeds=_seed_fits(curves, pooled, c_min))
+
+
+@dataclass(frozen=True)
+class Judging:
+    """What every row of one report is judged and drawn with."""
+
+    out: Path
+    c_min: float | None
+    spread: Spread
+    base_name: str
+    unit: str  # as the verdicts' details say it ("GPU-h")
+
+
 def variant_rows(curves: list[RunCurve], out: Path = Path("."), *, prior: Spread = Spread(),
                  with_spread: bool = False, c_min: float | None = None, base: str = BASELINE):
     """Complete runs: grouped into variants, fitted, ranked, judged against the base (these runs, and the recipes
     with the spread between runs that the seeds and `prior` give); then incomplete runs, grouped and fitted, with no
     rank and no verdict; every fit leaves out the points below `c_min` (None: the paper's cut, 1.5/16 of each
-    run's largest compute); `base` names the variant they are judged against. A variant of an adaptive sweep is judged by the rule's own test where it stopped (or at its
-    full budget), beside the base cut at its compute. Returns the rows (and the spread used, with_spread)."""
+    run's largest compute); `base` names the variant they are judged against. A variant of an adaptive sweep is
+    judged by the rule's own test where it stopped (or at its full budget), beside the base cut at its compute.
+    Returns the rows (and the spread used, with_spread)."""
     complete = group_seeds([c for c in curves if not c.incomplete])
-    incomplete = group_seeds([c for c in curves if c.incomplete])
-    groups = complete + incomplete
-    labels = _labels(groups)
-    states = [_state(group, c_min) for group in groups]
-    fits = [st if isinstance(st, SigmoidFit) else st.fit for st in states]
-    seed_fits = [[fits[i]] if len(group) == 1 else [_fit_of(_state([c], c_min)) for c in group]
-                 for i, group in enumerate(groups)]
-    departures = [_misfit(group, fit) for group, fit in zip(groups, fits)]
-    truths = [run_truth([c.params for c in group]) for group in groups]
-    recipes = [recipe_truth([c.params for c in group]) for group in groups]
-    used = estimate([seed_fits[i] for i in range(len(complete))], prior)
-
-    def common(indices: list[int]) -> CommonAFit:
-        bad = [labels[i] for i in indices if isinstance(states[i], SigmoidFit)]
-        if bad:
-            raise FitError(f"no fit for {', '.join(bad)}")
-        return fit_common_A([states[i].data for i in indices], [states[i] for i in indices])
-
+    groups = complete + group_seeds([c for c in curves if c.incomplete])
+    variants = [fitted(group, label, c_min) for group, label in zip(groups, _labels(groups))]
     n = len(complete)
-    ranked = rank_fits(list(zip(labels[:n], fits[:n])), common=common)
-    ranked += [Ranked(rank=None, name=labels[i], fit=fits[i], index=i) for i in range(n, len(groups))]
-    base_i = _base_index(complete, fits, base)
+    ranked = rank_fits([(v.label, v.fit) for v in variants[:n]],
+                       common=lambda indices: common_A([variants[i].pooled for i in indices],
+                                                       [variants[i].label for i in indices]))
+    ranked += [Ranked(rank=None, name=v.label, fit=v.fit, index=i) for i, v in enumerate(variants) if i >= n]
+    used = estimate([v.seeds for v in variants[:n]], prior)
     unit = "GPU-h" if not curves or curves[0].unit == "GPU-hours" else curves[0].unit
-    cut_bases: dict[float, object] = {}
-    rows = []
-    for r in ranked:
-        i, group = r.index, groups[r.index]
-        why = "; ".join(sorted({c.incomplete for c in group if c.incomplete}))
-        own_notes = tuple(n for n in (*fits[i].notes, *(n for c in group for n in c.notes)) if n)
-        decisions = tuple(decisions_of(group[0].tags))
-        rule = report_rule(decisions, max(c.c_max for c in group)) if i != base_i else None
-        base_state, base_seeds = (states[base_i], seed_fits[base_i]) if base_i is not None else (None, [])
-        if rule is not None and base_i is not None:
-            if rule.compute not in cut_bases:
-                cut_bases[rule.compute] = _state([c.upto(rule.compute) for c in groups[base_i]], c_min)
-            base_state = cut_bases[rule.compute]
-            base_seeds = [_fit_of(base_state)] if len(groups[base_i]) == 1 else \
-                [_fit_of(_state([c.upto(rule.compute)], c_min)) for c in groups[base_i]]
-        base_fit = _fit_of(base_state) if base_state is not None else None
-
-        def pair_common(i=i, base_state=base_state) -> CommonAFit:
-            if isinstance(states[i], SigmoidFit) or isinstance(base_state, SigmoidFit) or base_state is None:
-                raise FitError("no fit for a common-A refit")
-            return fit_common_A([states[i].data, base_state.data], [states[i], base_state])
-
-        bounds, locked = (rule.bounds, rule.locked) if rule is not None else (None, ())
-        v = _verdict(i, base_i, fits[i], base_fit, pair_common, why,
-                     next((c.untestable for c in group if c.untestable), ""), bounds, locked, base, unit,
-                     departures[i], departures[base_i] if base_i is not None else None)
-        recipe = (recipe_verdict(v, fits[i], base_fit, seed_fits[i], base_seeds, used,
-                                 bound=rule.recipe_bound if rule is not None else None)
-                  if base_fit is not None and v.label in (*CATEGORIES, A_NOT_IDENTIFIED) else None)
-        seen = (truths[i] is not None and base_i is not None and truths[base_i] is not None
-                and v.label in CATEGORIES and v.resolution is not None)
-        recipe_seen = seen and recipe is not None and recipes[i] is not None and recipes[base_i] is not None
-        rows.append(ReportRow(
-            rank=r.rank,
-            variant=group[0].variant,
-            label=r.name,
-            curves=group,
-            fit=fits[i],
-            status=f"{fits[i].status}; {why}" if why else fits[i].status,
-            own_notes=own_notes,
-            verdict=v,
-            ranked=r,
-            extrapolation=_extrapolate(group, c_min),
-            plot=out / f"fit-{_safe(r.name)}.png",
-            incomplete=why,
-            truth=truths[i],
-            expected=expected(truths[i], truths[base_i], v.resolution, v.compute) if seen else None,
-            decisions=decisions,
-            recipe=recipe,
-            recipe_truth=recipes[i],
-            recipe_expected=(expected(recipes[i], recipes[base_i], recipe.resolution, recipe.compute)
-                             if recipe_seen else None),
-            compared_to=rule.compute if rule is not None else None,
-            misfit=departures[i],
-        ))
+    judging = Judging(out, c_min, used, base, unit)
+    base_variant = _base_of(variants[:n], base)
+    base_at = functools.cache(lambda compute: cut_at(base_variant, compute, c_min))  # one refit a cut, this report's
+    rows = [_row(variants[r.index], r, base_variant, base_at, judging) for r in ranked]
     return (rows, used) if with_spread else rows
 
 
-def _fit_of(state) -> SigmoidFit:
-    return state if isinstance(state, SigmoidFit) else state.fit
+def _row(variant: Fitted, r: Ranked, base: Fitted | None, base_at, judging: Judging) -> ReportRow:
+    """The variant's row: its verdict against the base (cut where an adaptive sweep's rule stopped it: base_at) and
+    about the recipes, what the truth says of both (mock runs)."""
+    decisions = tuple(decisions_of(variant.curves[0].tags))
+    rule = report_rule(decisions, max(c.c_max for c in variant.curves)) if variant is not base else None
+    against = base_at(rule.compute) if rule is not None and base is not None else base
+    v = _verdict(variant, against, variant is base, rule, judging)
+    recipe = (recipe_verdict(v, variant.fit, against.fit, variant.seeds, against.seeds, judging.spread,
+                             bound=rule.recipe_bound if rule is not None else None)
+              if against is not None and v.label in (*CATEGORIES, A_NOT_IDENTIFIED) else None)
+    expected_, recipe_expected = _expected(variant, base, v, recipe)
+    why = variant.incomplete
+    return ReportRow(
+        rank=r.rank,
+        variant=variant.curves[0].variant,
+        label=r.name,
+        curves=variant.curves,
+        fit=variant.fit,
+        status=f"{variant.fit.status}; {why}" if why else variant.fit.status,
+        own_notes=tuple(n for n in (*variant.fit.notes, *(n for c in variant.curves for n in c.notes)) if n),
+        verdict=v,
+        ranked=r,
+        extrapolation=_extrapolate(variant.curves, judging.c_min),
+        plot=judging.out / f"fit-{_safe(r.name)}.png",
+        incomplete=why,
+        truth=variant.truth,
+        expected=expected_,
+        decisions=decisions,
+        recipe=recipe,
+        recipe_truth=variant.recipe_truth,
+        recipe_expected=recipe_expected,
+        compared_to=rule.compute if rule is not None else None,
+        misfit=variant.misfit,
+    )
 
 
-def _verdict(i: int, base_i: int | None, fit: SigmoidFit, base_fit: SigmoidFit | None, common, why_incomplete: str,
-             untestable: str, bounds=None, locked=(), base: str = BASELINE, unit: str = "GPU-h",
-             departs: Misfit | None = None, base_departs: Misfit | None = None) -> Verdict:
-    if why_incomplete:
-        return Verdict(NO_VERDICT, detail=f"incomplete: {why_incomplete}")
-    if untestable and i != base_i:
+def _expected(variant: Fitted, base: Fitted | None, v: Verdict, recipe: Verdict | None):
+    """Mock runs: what the truth says the verdict should be at its resolution, and the recipe-level one; None
+    where there is no truth or no verdict to judge."""
+    seen = (variant.truth is not None and base is not None and base.truth is not None and v.label in CATEGORIES
+            and v.resolution is not None)
+    if not seen:
+        return None, None
+    judged = expected(variant.truth, base.truth, v.resolution, v.compute)
+    recipe_seen = recipe is not None and variant.recipe_truth is not None and base.recipe_truth is not None
+    return judged, (expected(variant.recipe_truth, base.recipe_truth, recipe.resolution, recipe.compute)
+                    if recipe_seen else None)
+
+
+def _verdict(variant: Fitted, base: Fitted | None, is_base: bool, rule, judging: Judging) -> Verdict:
+    """Against the base: none for incomplete runs or an axis not testable; the base's own; a flagged misfit on
+    either side; else analysis.rank.verdict, held to an adaptive sweep's rule where one looked."""
+    fit, departs, name, unit = variant.fit, variant.misfit, judging.base_name, judging.unit
+    untestable = next((c.untestable for c in variant.curves if c.untestable), "")
+    if variant.incomplete:
+        return Verdict(NO_VERDICT, detail=f"incomplete: {variant.incomplete}")
+    if untestable and not is_base:
         return Verdict(NOT_TESTABLE, detail=untestable)
-    if base_i is None:
-        return verdict(fit, None, base_name=base)
-    if i == base_i:
+    if base is None:
+        return verdict(fit, None, base_name=name)
+    if is_base:
         if not fit.ok:
-            return verdict(fit, None, base_name=base)
+            return verdict(fit, None, base_name=name)
         tail = f"; {MISFIT}: it {departs.text(unit)}" if departs is not None and departs.flagged else ""
         return Verdict("base", dA=0.0, dB=0.0, detail=f"the base recipe{tail}")
     if departs is not None and departs.flagged and fit.ok:
         return Verdict(MISFIT, detail=f"{MISFIT}: the run {departs.text(unit)}, beyond its own noise; its A is not "
                                       "a ceiling, so no claim is made")
-    if base_departs is not None and base_departs.flagged and fit.ok:
-        return Verdict("no base", detail=f"{base}'s run {base_departs.text(unit)}: {MISFIT}, so it has no ceiling to "
+    if base.misfit is not None and base.misfit.flagged and fit.ok:
+        return Verdict("no base", detail=f"{name}'s run {base.misfit.text(unit)}: {MISFIT}, so it has no ceiling to "
                                          "compare with")
-    return verdict(fit, base_fit, common=common, bounds=bounds, locked=locked, base_name=base, unit=unit)
+    bounds, locked = (rule.bounds, rule.locked) if rule is not None else (None, ())
+    return verdict(fit, base.fit, common=lambda: common_A([variant.pooled, base.pooled], [variant.label, base.label]),
+                   bounds=bounds, locked=locked, base_name=name, unit=unit)
 
 
 def _misfit(group: list[RunCurve], fit: SigmoidFit) -> Misfit | None:
@@ -512,28 +582,18 @@ def fit_group(group: list[RunCurve], *, A: float | None = None) -> SigmoidFit:
         return SigmoidFit.failed(err.reason, n_runs=len(group))
 
 
-def _state(group: list[RunCurve], c_min: float | None = None):
-    """The group's fit with its grid (for common-A refits), or a failed SigmoidFit record."""
-    compute, reward, runs = _pooled(group)
-    try:
-        data = prepare(compute, reward, runs=runs, c_min=c_min)
-        return fit_state(data)
-    except FitError as err:
-        return SigmoidFit.failed(err.reason, n_runs=len(group))
-
-
 def _extrapolate(group: list[RunCurve], c_min: float | None = None) -> Extrapolation:
     compute, reward, runs = _pooled(group)
     return extrapolation_check(compute, reward, fraction=EXTRAPOLATION_FRACTION, runs=runs, c_min=c_min)
 
 
-def _base_index(groups: list[list[RunCurve]], fits: list[SigmoidFit], base: str = BASELINE) -> int | None:
-    """The base recipe among complete groups: the variant `base` (the fitted one with the most seeds, then the
+def _base_of(complete: list[Fitted], base: str = BASELINE) -> Fitted | None:
+    """The base recipe among complete variants: the variant `base` (the fitted one with the most seeds, then the
     first)."""
-    candidates = [i for i, g in enumerate(groups) if g[0].variant == base]
+    candidates = [(k, v) for k, v in enumerate(complete) if v.curves[0].variant == base]
     if not candidates:
         return None
-    return max(candidates, key=lambda i: (fits[i].ok, len(groups[i]), -i))
+    return max(candidates, key=lambda kv: (kv[1].fit.ok, len(kv[1].curves), -kv[0]))[1]
 
 
 def _labels(groups: list[list[RunCurve]]) -> list[str]:
@@ -636,8 +696,7 @@ def _write_run_csv(rows: list[ReportRow], path: Path, c_min: float | None = None
                 if row.n_seeds == 1:
                     fit = row.fit
                 else:
-                    state = _state([curve], c_min)
-                    fit = state if isinstance(state, SigmoidFit) else state.fit
+                    fit = pooled_fit([curve], c_min).fit
                 numbers = ([fit.A, *fit.ci["A"], fit.B, *fit.ci["B"], fit.C_mid, fit.R0, fit.n_points] if fit.ok
                            else [math.nan] * (len(CSV_COLUMNS) - 2))
                 status = row.status if row.n_seeds == 1 else (

@@ -1,5 +1,6 @@
 """The report's words: the headline, the tables, the verdict lines; put together as the terminal text (at most 120
-columns: the table's notes go below it), report.md and report.html.
+columns: the table's notes go below it) and as the page (`report_blocks`: one list of blocks, which analysis/page.py
+renders as report.md and as report.html; the known truth of mock runs added to it by a pass of its own).
 
 Which B is which is said wherever a B is shown: the table's B is each variant's own fit; a verdict's ΔB is the
 B it compared (own fits, or both refitted "at common A 0.605"); a ranking tie group's B is at its common A.
@@ -7,15 +8,13 @@ B it compared (own fits, or both refitted "at common A 0.605"); a ranking tie gr
 
 from __future__ import annotations
 
-import base64
-import html
 import math
 import statistics
 import textwrap
-from pathlib import Path
 
 from analysis.adaptive import gpu_hours_saved, stopped_at
 from analysis.law import CI_LEVEL, MIN_POINTS, fmt_compute
+from analysis.page import Bullets, Details, Figure, Figures, Paragraphs, Table, Title, html, markdown, md_table
 from analysis.published import CAPTION, published, setup_of
 from analysis.rank import (A_NOT_IDENTIFIED, A_TIE, BASELINE, BOTH, CATEGORIES, CRITICAL, MISFIT, MOVES_A, MOVES_B,
                            MOVES_C, NO_CHANGE, NOT_TESTABLE)
@@ -329,14 +328,6 @@ def order_rows(rows) -> list:
     return sorted(rows, key=key)
 
 
-def md_line(cells) -> str:
-    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
-
-
-def md_table(headers: list[str], rows_cells: list[list[str]]) -> str:
-    return "\n".join([md_line(headers), "|" + "---|" * len(headers)] + [md_line(c) for c in rows_cells])
-
-
 def ranked_table(report) -> str:
     return md_table(table_headers(report.base_name), table_cells(report.rows))
 
@@ -450,10 +441,6 @@ def truth_cells(report, headers: list[str] = TRUTH_HEADERS) -> list[list[str]]:
     return cells
 
 
-def truth_table(report, headers: list[str] = TRUTH_HEADERS) -> str:
-    return md_table(headers, truth_cells(report, headers))
-
-
 TRUTH_NOTE = ("Truth: the mock's params (mock.run.A: the runs' A, averaged over seeds; mock.truth.B: the "
               "variant's B; compute: the law's compute to reach the verdict's R*, over the base's). Truth says what "
               "the verdict must find (\"moved\": the true change is at least the verdict's resolution) and must not "
@@ -540,7 +527,8 @@ def stopped_lines(report) -> list[str]:
             said = f"extended from step {tags[EXTENDED_TAG]}"
         else:
             continue
-        cut = f"; vs {report.base_name} cut at {fmt_compute(row.compared_to)} GPU-h" if row.compared_to is not None else ""
+        cut = (f"; vs {report.base_name} cut at {fmt_compute(row.compared_to)} GPU-h" if row.compared_to is not None
+               else "")
         lines.append(f"{row.label}: {row.verdict.label} ({said}{cut})")
     return lines
 
@@ -739,6 +727,30 @@ def _fraction(report) -> float:
     return report.rows[0].extrapolation.fraction if report.rows else math.nan
 
 
+# --- the page: report.md and report.html, one list of blocks (analysis/page.py renders it) -----------------------
+
+
+def markdown_page(report) -> str:
+    """report.md: report_blocks in Markdown (figures by file name; <details>, which GitHub and MLflow render)."""
+    return markdown(report_blocks(report))
+
+
+def html_page(report) -> str:
+    """report.html: report_blocks in one self-contained file (figures and style inlined)."""
+    return html(report_blocks(report))
+
+
+def report_blocks(report) -> list:
+    """The page, top to bottom: what a reader needs first on the first screen (the finding, the A/B plot), the table
+    of one line a variant below it, what the verdicts rest on and why collapsed; then how the runs were read, the
+    known truth of mock runs (known_truth, a pass of its own), the adaptive sweep, the paper; the other figures and
+    tables; the method last. Every table in ordered_rows's order."""
+    rows = ordered_rows(report)
+    blocks = [*_opening(report, rows), *_verdicts(report), *_reading(report), *_adaptive(report),
+              *_beside(report), *_figures(report), *_fits(report, rows), *_method(report)]
+    return known_truth(report, blocks)
+
+
 def _more_lines(report) -> list[str]:
     """The headline's lines the finding above the plot does not already say."""
     said = finding(report)
@@ -748,101 +760,18 @@ def _more_lines(report) -> list[str]:
 PARAMS_CAPTION = ("A (ceiling) and B (efficiency) of each variant with its 90% interval, in the table's order; the "
                   "grey band is {base}'s A +- {margin} (the paper's margin: a move inside it is small), the dotted "
                   "lines {base}'s A and B; colour: the verdict about these runs.")
-
-
-def markdown_page(report) -> str:
-    """report.md: the finding, the A/B plot, the table in ordered_rows's order; what the verdicts rest on and why,
-    collapsed (<details>, which GitHub and MLflow render); then the other figures and tables, the method last."""
-    rows = ordered_rows(report)
-    parts = [f"# Sigmoid fits: {report.experiment}", "", " ".join(finding(report)), "",
-             f"![A and B of each variant]({report.params_plot.name})", "",
-             PARAMS_CAPTION.format(base=report.base or report.base_name, margin=A_TIE), "",
-             md_table(COMPACT_HEADERS, compact_cells(rows)), "", *(p + "\n" for p in _more_lines(report))]
-    ties = ties_line(rows)
-    parts += ["<details><summary>Changes, z-values, resolutions and ranks</summary>", "",
-              md_table(detail_headers(report.base_name), detail_cells(rows)), "", *([ties, ""] if ties else []), "</details>", ""]
-    parts += ["## Verdicts", "", "<details><summary>Why each verdict: what it rests on, its resolution</summary>", "",
-              *(f"- {line}" for line in verdict_lines(report)), "", "</details>", ""]
-    notes = note_lines(report)
-    if notes:
-        parts += ["Notes:", "", *(f"- {line}" for line in notes), ""]
-    if report.mapping:
-        parts += ["## How these runs were read", "", f"From {report.source}:", "",
-                  *(f"- {line}" for line in report.mapping), ""]
-    if report.has_truth:
-        parts += ["## Known truth (generator=mock)", "", truth_table(report), "", TRUTH_NOTE, ""]
-    if adaptive_cells(report):
-        parts += ["## What the adaptive sweep did", "", md_table(ADAPTIVE_HEADERS, adaptive_cells(report)), "",
-                  adaptive_total(report), ""]
-    if beside_cells(report):
-        parts += ["## Beside the paper", "", md_table(BESIDE_HEADERS, beside_cells(report)), "",
-                  beside_caption(report), ""]
-    parts += ["## Curves and fits", "", f"![each variant beside {report.base or report.base_name}]({report.overview.name})",
-              ""]
-    parts += ["## Linearized (slope B)", "", f"![linearized]({report.linearized.name})", ""]
-    parts += ["## Extrapolation check", "", extrap_text(report), "", md_table(extrap_headers(report.unit_short), extrap_cells(rows)),
-              ""]
-    parts += ["## Fits", "", md_table(full_headers(report.unit_short), full_cells(rows)), ""]
-    parts += ["## Per variant", "", *(f"![{row.label}]({row.plot.name})" for row in rows), ""]
-    parts += ["## Method", "", *(p + "\n" for p in method_paragraphs(report))]
-    return "\n".join(parts).rstrip("\n") + "\n"
-
-
-CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 1250px; margin: 1.2em auto;
-       padding: 0 1em; color: #1f2328; line-height: 1.45; }
-h1 { font-size: 1.4em; margin: 0 0 0.4em; } h2 { font-size: 1.2em; margin-top: 2em; }
-p.finding { font-size: 1.08em; margin: 0 0 0.6em; }
-figure { margin: 0 0 1em; } figure img { max-width: 100%; border: 1px solid #d0d7de; }
-figcaption { font-size: 0.85em; color: #57606a; }
-table { border-collapse: collapse; font-size: 0.88em; width: 100%; }
-th, td { border: 1px solid #d0d7de; padding: 0.3em 0.6em; text-align: left; vertical-align: top; }
-th { background: #f6f8fa; } tr:nth-child(even) td { background: #fbfcfd; }
-td.num { font-variant-numeric: tabular-nums; white-space: nowrap; }
-tr.group td { background: #f6f8fa; font-size: 0.92em; color: #57606a; font-style: italic; }
-tr.failed td { color: #9a3412; }
-td.v-movesA, td.v-movesAandB { font-weight: 600; color: #9a3412; } td.v-movesB { font-weight: 600; color: #1d4ed8; }
-td.v-movesC_mid { font-weight: 600; color: #047857; }
-details { margin: 0.8em 0; } summary { cursor: pointer; font-weight: 600; }
-.plots { display: flex; flex-wrap: wrap; gap: 1em; }
-.plots img { max-width: 100%; border: 1px solid #d0d7de; }
-.wide img { max-width: 100%; }
-p.small { font-size: 0.9em; color: #57606a; }
-"""
-
-
-def _img(path: Path, alt: str, id_: str = "") -> str:
-    data = base64.b64encode(path.read_bytes()).decode("ascii")
-    ident = f' id="{id_}"' if id_ else ""
-    return f'<img{ident} alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
-
-
 VERDICT_COLUMNS = ("verdict", "these runs", "the recipes")  # their cells coloured by the claim
+COLOURED = (MOVES_A, MOVES_B, BOTH, MOVES_C)
 
 
-def _html_row(headers: list[str], cells: list[str], klass: str, num_cols: range, stack: bool = True) -> str:
-    tds = []
-    for i, c in enumerate(cells):
-        cls = ' class="num"' if i in num_cols else ""
-        if headers[i] in VERDICT_COLUMNS and c.split(" (")[0] in (MOVES_A, MOVES_B, BOTH, MOVES_C):
-            cls = f' class="v-{c.split(" (")[0].replace(" ", "")}"'
-        text = html.escape(c).replace(" [", "<br>[") if i in num_cols and stack else html.escape(c)  # interval below
-        tds.append(f"<td{cls}>{text}</td>")
-    return f"<tr{klass}>{''.join(tds)}</tr>"
-
-
-def _html_table(headers: list[str], rows_cells: list[list[str]], classes: list[str], num_cols: range,
-                groups: list[str] | None = None) -> str:
-    """A table (an interval under its estimate); with `groups` (a heading per row), a heading row where the heading
-    changes, and each estimate and its interval on one line."""
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body, last = [], None
-    for k, (klass, cells) in enumerate(zip(classes, rows_cells)):
-        if groups is not None and groups[k] != last:
-            last = groups[k]
-            body.append(f'<tr class="group"><td colspan="{len(headers)}">{html.escape(last)}</td></tr>')
-        body.append(_html_row(headers, cells, klass, num_cols, stack=groups is None))
-    return f"<table><thead><tr>{head}</tr></thead><tbody>\n" + "\n".join(body) + "\n</tbody></table>"
+def _table(headers: list[str], cells: list[list[str]], numeric: range, rows=None, groups: bool = False) -> Table:
+    """A table of the page; with `rows` (the report rows of its lines), the failed ones marked, and with `groups`
+    a heading per claim (GROUPS), each estimate and its interval on one line."""
+    marks = [[c.split(" (")[0] if h in VERDICT_COLUMNS and c.split(" (")[0] in COLOURED else ""
+              for h, c in zip(headers, line)] for line in cells]
+    return Table(headers, cells, numeric, stacked=not groups, marks=marks,
+                 failed=[not row.fit.ok or bool(row.incomplete) for row in rows] if rows is not None else (),
+                 groups=[_group(row) for row in rows] if groups else ())
 
 
 def _group(row) -> str:
@@ -850,74 +779,92 @@ def _group(row) -> str:
     return GROUPS[label if label in GROUPS and not row.incomplete else ""]
 
 
-def html_page(report) -> str:
-    """report.html, self-contained, in markdown_page's order: what a reader needs first on the first screen (the
-    finding, the A/B plot), the table below it, the reasoning collapsed, the rest further down."""
-    esc = html.escape
-    rows = ordered_rows(report)
-    classes = ["" if row.fit.ok and not row.incomplete else ' class="failed"' for row in rows]
-    compact = _html_table(COMPACT_HEADERS, compact_cells(rows), classes, range(1, 3), [_group(r) for r in rows])
-    detail = _html_table(detail_headers(report.base_name), detail_cells(rows), classes, range(2, 5))
-    full = _html_table(full_headers(report.unit_short), full_cells(rows), classes, range(3, 6))
-    extrap = _html_table(extrap_headers(report.unit_short), extrap_cells(rows), [""] * len(rows), range(1, 9))
-    more = "".join(f'<p class="small">{esc(p)}</p>' for p in _more_lines(report))
+def _opening(report, rows) -> list:
+    """The title, the finding, the A/B plot, the table of one line a variant, the rest of the headline; the changes
+    with their z, the resolutions and the ranks collapsed below."""
+    base = report.base or report.base_name
     ties = ties_line(rows)
-    method = "".join(f'<p class="small">{esc(p)}</p>' for p in method_paragraphs(report))
-    mapping = "".join(f"<li>{esc(line)}</li>" for line in report.mapping)
-    if mapping:
-        mapping = f"<details open><summary>How these runs were read: {esc(report.source)}</summary><ul>{mapping}</ul></details>"
-    verdicts = "".join(f"<li>{esc(line)}</li>" for line in verdict_lines(report))
-    notes = "".join(f"<li>{esc(line)}</li>" for line in note_lines(report))
-    truth = ""
-    if report.has_truth:
-        cells = truth_cells(report)
-        truth = (f"<h2>Known truth (generator=mock)</h2>"
-                 f"{_html_table(TRUTH_HEADERS, cells, [''] * len(cells), range(1, 11))}"
-                 f'<p class="small">{esc(TRUTH_NOTE)}</p>')
-    adaptive = adaptive_cells(report)
-    if adaptive:
-        truth += (f"<h2>What the adaptive sweep did</h2>"
-                  f"{_html_table(ADAPTIVE_HEADERS, adaptive, [''] * len(adaptive), range(4, 6))}"
-                  f'<p class="small">{esc(adaptive_total(report))}</p>')
-    beside = beside_cells(report)
-    if beside:
-        truth += (f"<h2>Beside the paper</h2>"
-                  f"{_html_table(BESIDE_HEADERS, beside, [''] * len(beside), range(1, 9))}"
-                  f'<p class="small">{esc(beside_caption(report))}</p>')
-    plots = "\n".join(_img(row.plot, row.label) for row in rows)
-    caption = PARAMS_CAPTION.format(base=report.base or report.base_name, margin=A_TIE)
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<title>Sigmoid fits: {esc(report.experiment)}</title>
-<style>{CSS}</style></head>
-<body>
-<h1>Sigmoid fits: {esc(report.experiment)}</h1>
-<p class="finding" id="finding">{esc(" ".join(finding(report)))}</p>
-<figure>{_img(report.params_plot, "A and B with intervals", "forest")}<figcaption>{esc(caption)}</figcaption></figure>
-{compact}
-{more}
-<details><summary>Changes, z-values, resolutions and ranks</summary>
-{detail}
-{f'<p class="small">{esc(ties)}</p>' if ties else ""}
-</details>
-<details><summary>Why each verdict: what it rests on, its resolution</summary><ul>{verdicts}</ul></details>
-{f"<details><summary>Notes: ties, the fits' warnings</summary><ul>{notes}</ul></details>" if notes else ""}
-{mapping}
-{truth}
-<h2>Curves and fits</h2>
-<div class="wide">{_img(report.overview, f"each variant beside {report.base or report.base_name}")}</div>
-<h2>Linearized: log F(R) against log C, slope B</h2>
-<div class="wide">{_img(report.linearized, "linearized")}</div>
-<h2>Extrapolation check</h2>
-<p class="small">{esc(extrap_text(report))}</p>
-{extrap}
-<h2>Fits</h2>
-{full}
-<h2>Per variant</h2>
-<div class="plots">
-{plots}
-</div>
-<h2>Method</h2>
-{method}
-</body></html>
-"""
+    return [
+        Title(f"Sigmoid fits: {report.experiment}", level=1),
+        Paragraphs([" ".join(finding(report))], style="finding", id="finding"),
+        Figure(report.params_plot, "A and B of each variant, with their 90% intervals",
+               PARAMS_CAPTION.format(base=base, margin=A_TIE), id="forest"),
+        _table(COMPACT_HEADERS, compact_cells(rows), range(1, 3), rows, groups=True),
+        Paragraphs(_more_lines(report), style="small"),
+        Details("Changes, z-values, resolutions and ranks", [
+            _table(detail_headers(report.base_name), detail_cells(rows), range(2, 5), rows),
+            Paragraphs([ties], style="small")]),
+    ]
+
+
+def _verdicts(report) -> list:
+    """Each verdict's reasoning, and the notes (ties, the fits' warnings), collapsed."""
+    notes = note_lines(report)
+    return [
+        Title("Verdicts"),
+        Details("Why each verdict: what it rests on, its resolution", [Bullets(verdict_lines(report))]),
+        *([Details("Notes: ties, the fits' warnings", [Bullets(notes)])] if notes else []),
+    ]
+
+
+def _reading(report) -> list:
+    """Another trainer's runs: each choice the mapping inferred, each warning (report_other_runs)."""
+    if not report.mapping:
+        return []
+    return [Title("How these runs were read"), Paragraphs([f"From {report.source}:"]), Bullets(report.mapping)]
+
+
+ADAPTIVE_TITLE, BESIDE_TITLE, CURVES_TITLE = "What the adaptive sweep did", "Beside the paper", "Curves and fits"
+
+
+def _adaptive(report) -> list:
+    cells = adaptive_cells(report)
+    if not cells:
+        return []
+    return [Title(ADAPTIVE_TITLE), _table(ADAPTIVE_HEADERS, cells, range(4, 6)),
+            Paragraphs([adaptive_total(report)], style="small")]
+
+
+def _beside(report) -> list:
+    cells = beside_cells(report)
+    if not cells:
+        return []
+    return [Title(BESIDE_TITLE), _table(BESIDE_HEADERS, cells, range(1, 9)),
+            Paragraphs([beside_caption(report)], style="small")]
+
+
+def _figures(report) -> list:
+    base = report.base or report.base_name
+    return [Title(CURVES_TITLE), Figure(report.overview, f"each variant beside {base}"),
+            Title("Linearized: log F(R) against log C, slope B"), Figure(report.linearized, "linearized")]
+
+
+def _fits(report, rows) -> list:
+    """The extrapolation check, each fit as it stands, a figure per variant."""
+    return [
+        Title("Extrapolation check"), Paragraphs([extrap_text(report)], style="small"),
+        _table(extrap_headers(report.unit_short), extrap_cells(rows), range(1, 9)),
+        Title("Fits"), _table(full_headers(report.unit_short), full_cells(rows), range(3, 6), rows),
+        Title("Per variant"), Figures([(row.plot, row.label) for row in rows]),
+    ]
+
+
+def _method(report) -> list:
+    return [Title("Method"), Paragraphs(method_paragraphs(report), style="small")]
+
+
+# --- the known truth of mock runs, added to the page by a pass of its own --------------------------------------
+
+TRUTH_TITLE = "Known truth (generator=mock)"
+TRUTH_BEFORE = (Title(ADAPTIVE_TITLE), Title(BESIDE_TITLE), Title(CURVES_TITLE))  # the first of these follows it
+
+
+def known_truth(report, blocks: list) -> list:
+    """`blocks` with the mock's truth after what the verdicts rest on and how the runs were read (before the first
+    of TRUTH_BEFORE): a table of each fit beside its truth and the note on how it judges; mock runs only."""
+    if not report.has_truth:
+        return blocks
+    at = next(k for k, block in enumerate(blocks) if block in TRUTH_BEFORE)
+    cells = truth_cells(report)
+    return [*blocks[:at], Title(TRUTH_TITLE), _table(TRUTH_HEADERS, cells, range(1, 11)),
+            Paragraphs([TRUTH_NOTE], style="small"), *blocks[at:]]

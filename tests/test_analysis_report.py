@@ -760,6 +760,98 @@ def test_the_report_opens_with_the_finding_the_ab_plot_and_one_line_a_variant(re
     assert '<tr class="group"><td colspan="5">moves A: another ceiling</td></tr>' in page
 
 
+# --- report.md and report.html: one list of blocks, two renderings ---------------------------------------------
+
+
+def _md_outline(md: str) -> list[tuple[str, str]]:
+    """What report.md holds, in order: each heading, collapsed part (and its end), table (its headers), list (its
+    length) and figure (its alt text), read from the Markdown as a reader's renderer would."""
+    found = [(m.start(), f"h{len(m.group(1))}", m.group(2)) for m in re.finditer(r"(?m)^(#{1,6}) (.+)$", md)]
+    found += [(m.start(), "collapsed", m.group(1)) for m in re.finditer(r"<details><summary>(.*?)</summary>", md)]
+    found += [(m.start(), "end", "") for m in re.finditer(r"</details>", md)]
+    found += [(m.start(), "table", m.group(1)) for m in re.finditer(r"(?m)^\| (.*) \|\n\|(?:---\|)+$", md)]
+    found += [(m.start(), "list", str(m.group(0).count("\n- ") + 1)) for m in re.finditer(r"(?m)^- .*(?:\n- .*)*", md)]
+    found += [(m.start(), "figure", m.group(1)) for m in re.finditer(r"!\[(.*?)\]\(", md)]
+    return [(kind, text) for _, kind, text in sorted(found)]
+
+
+def _html_outline(page: str) -> list[tuple[str, str]]:
+    """The same read from report.html."""
+    from html import unescape
+
+    body = page[page.index("<body>"):]
+    found = [(m.start(), f"h{m.group(1)}", unescape(m.group(2))) for m in re.finditer(r"<h([1-6])>(.*?)</h\1>", body)]
+    found += [(m.start(), "collapsed", unescape(m.group(1)))
+              for m in re.finditer(r"<details><summary>(.*?)</summary>", body)]
+    found += [(m.start(), "end", "") for m in re.finditer(r"</details>", body)]
+    found += [(m.start(), "table", " | ".join(unescape(h) for h in re.findall(r"<th>(.*?)</th>", m.group(1))))
+              for m in re.finditer(r"<thead><tr>(.*?)</tr></thead>", body)]
+    found += [(m.start(), "list", str(m.group(1).count("<li>"))) for m in re.finditer(r"<ul>(.*?)</ul>", body)]
+    found += [(m.start(), "figure", unescape(m.group(1))) for m in re.finditer(r'<img[^>]* alt="([^"]*)"', body)]
+    return [(kind, text) for _, kind, text in sorted(found)]
+
+
+@pytest.fixture(scope="module")
+def mock_report(tmp_path_factory):
+    """Two variants of one law, logged with the params the mock logs its truth in (generator=mock)."""
+    root, per_step = tmp_path_factory.mktemp("mock"), 10.0
+    truth = {"mock.truth.A": "0.61", "mock.truth.B": "1.9", "mock.truth.C_mid": str(254.2 * per_step),
+             "mock.truth.R0": str(R0), "mock.run.A": "0.61"}
+    uri = _small_store(root, [("scalerl", "loo-m", truth, per_step), ("loo-dapo", "loo-m", truth, per_step)])
+    return make_report("small", tracking_uri=uri, out_dir=root / "out")
+
+
+@pytest.fixture(scope="module")
+def file_report(tmp_path_factory) -> Path:
+    """A file of another trainer's curves reported through the CLI (its folder): the report says how its runs were
+    read."""
+    from analysis.__main__ import main
+
+    root = tmp_path_factory.mktemp("file")
+    steps = np.arange(0, 401, 20)
+    lines = ["Step,base,lower"] + [f"{s},{sigmoid_law(s * 1.0, 0.61, 1.9, 120.0, R0):.4f},"
+                                   f"{sigmoid_law(s * 1.0, 0.55, 1.9, 120.0, R0):.4f}" for s in steps]
+    (root / "curves.csv").write_text("\n".join(lines) + "\n")
+    assert main(["report", "--csv", str(root / "curves.csv"), "--out", str(root / "report"), "--base", "base"]) == 0
+    return root / "report"
+
+
+def test_report_md_and_report_html_hold_the_same_sections_in_the_same_order(report, mock_report, file_report):
+    """The two pages are two renderings of one list of blocks (analysis/page.py): their headings, collapsed parts,
+    tables, lists and figures, read back from each file, are the same in the same order, for a sweep of ours, a
+    mock sweep (its known truth) and another trainer's file (how its runs were read). Before, each page was put
+    together by hand and they had drifted: "Verdicts" and the mapping's heading only in report.md, the notes
+    collapsed only in report.html, the linearized plot titled apart."""
+    pages = {"sweep": (report.markdown, report.html), "mock": (mock_report.markdown, mock_report.html),
+             "file": (file_report / "report.md", file_report / "report.html")}
+    outlines = {}
+    for name, (md, page) in pages.items():
+        outlines[name] = _md_outline(md.read_text())
+        assert outlines[name] == _html_outline(page.read_text()), name
+    titles = {name: [text for kind, text in outline if kind == "h2"] for name, outline in outlines.items()}
+    assert titles["sweep"][0] == "Verdicts" and titles["sweep"][-1] == "Method"
+    assert ("collapsed", "Notes: ties, the fits' warnings") in outlines["sweep"]
+    assert "How these runs were read" in titles["file"] and "How these runs were read" not in titles["sweep"]
+    # the style is a file of its own, inlined: the page stays one file
+    from analysis.page import style
+
+    assert "td.v-movesA" in style() and f"<style>{style()}</style>" in report.html.read_text()
+
+
+def test_the_known_truth_section_is_only_in_a_mock_sweeps_report(report, mock_report, file_report):
+    """generator=mock: the truth beside each fit, after the verdicts and before the figures (a pass of its own over
+    the page, analysis.text.known_truth); a sweep of runs with no truth logged and another trainer's file have
+    none."""
+    truth = "Known truth (generator=mock)"
+    assert mock_report.has_truth and not report.has_truth
+    for outline in (_md_outline(mock_report.markdown.read_text()), _html_outline(mock_report.html.read_text())):
+        titles = [text for kind, text in outline if kind == "h2"]
+        assert titles.index("Verdicts") < titles.index(truth) < titles.index("Curves and fits"), titles
+    assert "| variant | A fit | A true | ΔA fit | ΔA true |" in mock_report.markdown.read_text()
+    for page in (report.markdown, report.html, file_report / "report.md", file_report / "report.html"):
+        assert "Known truth" not in page.read_text(), page
+
+
 def test_the_power_laws_ceiling_at_its_bound_reads_as_none_not_as_a_ceiling_of_1():
     """"power law: A 1.000" on every row: fit_power_law holds A at 1 (a pass rate's largest) where the points
     still rise; that is the bound, not a finding. The table says "none below 1", the text how many."""
