@@ -18,6 +18,8 @@ from typing import Any, ClassVar, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from analysis.synthetic import MockNoise
+
 
 # ----------------------------------------------------------------------------------------------------------- axes
 @dataclass
@@ -237,14 +239,16 @@ class MockGenerator(Generator):
     truth: Truth = field(default_factory=Truth)
     # "path=choice" (an override as typed on the command line) -> its effect on the truth, applied when it matches
     effects: dict[str, Effect] = field(default_factory=dict)
-    gpu_hours: float = 16000.0  # compute after train.steps steps at the reference length (paper: a LOO run's 16k)
-    reference_length_frac: float = 0.5  # mean completion length / max length at which `gpu_hours` holds
-    val_prompts: int = 1000  # the simulated validation set (paper: 1,000 held-out prompts, mean@16)
-    val_samples: int = 16
-    run_sd_A: float = 0.006  # run-to-run spread of A (paper: three runs gave A within +-0.015)
-    wobble_sd: float = 0.004  # run-level slow noise on the validation pass rate (AR(1))
-    wobble_gpu_hours: float = 1000.0  # correlation length of the wobble
-    prompt_spread: float = 4.0  # Beta concentration of per-prompt pass rates around the mean (lower = more spread)
+    # the noise and the clock: analysis/synthetic.py's MockNoise, written there once (the power bench's mock runs
+    # and analysis's synthetic curves read the same); a run's config overrides them (generator.wobble_sd=...)
+    gpu_hours: float = MockNoise.budget  # compute after train.steps steps at the reference length (paper: 16k)
+    reference_length_frac: float = MockNoise.reference_length_frac  # mean length / max at which gpu_hours holds
+    val_prompts: int = MockNoise.val_prompts  # the simulated validation set (paper: 1,000 held-out prompts, mean@16)
+    val_samples: int = MockNoise.val_samples
+    run_sd_A: float = MockNoise.run_sd_A  # run-to-run spread of A (paper: three runs gave A within +-0.015)
+    wobble_sd: float = MockNoise.wobble_sd  # run-level slow noise on the validation pass rate (AR(1))
+    wobble_gpu_hours: float = MockNoise.wobble_gpu_hours  # correlation length of the wobble
+    prompt_spread: float = MockNoise.spread  # Beta concentration of per-prompt pass rates (lower = more spread)
     # A simulated crash, to see what a sweep does with a failed job: runs making the choice `crash_when` ("path=choice";
     # empty: every run) raise at step `crash_at_step` (0: never).
     crash_at_step: int = 0
@@ -285,8 +289,14 @@ class Train:
     steps: int = 1600  # paper: ~16k GPU-hours for a LOO run
     val_every: int = 100
     log_every: int = 1  # metric points are buffered and flushed in batches; this thins them
-    micro_batch_size: int = 8  # rows per forward/backward (gradients accumulate over a step's micro-batches)
-    micro_batch_tokens: int = 0  # and at most about this many tokens, padded (0: rows alone decide)
+    # the learner's passes (forward/backward; gradients accumulate over a step's passes), planned by ablate/plan.py
+    # in the form run.packed_rows picks. Padded (side by side): a pass holds at most micro_batch_size rows and about
+    # micro_batch_tokens tokens counted padded, rows x the pass's longest (0: the row cap alone). Packed (one
+    # sequence, the GPU default): no row cap; micro_batch_tokens is the pass's budget of real tokens, no padding
+    # counted, and where it is 0 the budget is micro_batch_size x the step's longest row (the padded form's largest
+    # pass, so one memory estimate bounds both). Either form: a row longer than its budget goes alone
+    micro_batch_size: int = 8  # padded: rows a pass, at most; packed: rows of the step's longest in the default budget
+    micro_batch_tokens: int = 0  # padded: padded tokens a pass, at most; packed: real tokens a pass, at most
     # recompute decoder layers in the backward, less memory for more time: true every layer, false none, a count the
     # first that many, auto the fewest that the memory model needs for the GPU (docs/design.md#the-memory-model)
     activation_checkpointing: bool | int | str = False

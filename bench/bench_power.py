@@ -64,9 +64,7 @@ from analysis.synthetic import MockNoise, Truth  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 MOCK = yaml.safe_load((REPO / "conf" / "generator" / "mock.yaml").read_text())
 BASE = Truth(**MOCK["truth"])
-NOISE = MockNoise(run_sd_A=MOCK["run_sd_A"], wobble_sd=MOCK["wobble_sd"], wobble_gpu_hours=MOCK["wobble_gpu_hours"],
-                  spread=MOCK["prompt_spread"], val_prompts=MOCK["val_prompts"], val_samples=MOCK["val_samples"],
-                  budget=MOCK["gpu_hours"])
+NOISE = MockNoise()  # generator=mock's noise and clock (ablate/schema.py's defaults are these)
 LOOKS = tuple(k / 8 for k in range(1, 9))
 
 

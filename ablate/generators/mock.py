@@ -11,6 +11,10 @@ Training rollouts: each prompt has a fixed difficulty (a logit offset), its G sa
 sigmoid(logit R(C) + offset); completion lengths are drawn, then the length control's thinking budget (interruption)
 and the generation limits cut them; token ids, generator log-probs and per-token policy versions (from the off-policy
 mode's k) are random but shaped as a real generator's, so everything downstream of generation runs for real.
+
+The noise and the clock are analysis/synthetic.py's, the functions mock_curve draws a run without the trainer by
+(run_truth, wobble_next, validation_rate, mean_at_k, completion_length_fracs, step_gpu_hours), each from a stream of
+the run's MockStreams: with one seed, the two draw one run (tests/test_mock_noise.py).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import hashlib
 import math
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 
 import numpy as np
 import torch
@@ -30,7 +35,9 @@ from ablate.generators.base import Capabilities, Generator, Interrupted
 from ablate.policy import build_tokenizer
 from ablate.registry import build
 from ablate.rollouts import Rollouts
-from analysis.synthetic import Truth, mean_at_k  # the law (Eq. 1) and the validation, one implementation for both
+from analysis.synthetic import (  # the law (Eq. 1), the noise and the clock: one implementation for both
+    MockNoise, MockStreams, Truth, WobblePoint, completion_length_fracs, length_share, mean_at_k, run_truth,
+    step_gpu_hours, thinking_and_answer, validation_quantiles, validation_rate, whole_tokens, wobble_next)
 
 INJECTED_TOKEN = 1  # the mock's stand-in for the ids of an injected phrase
 FIRST_SAMPLED_TOKEN = 4
@@ -51,6 +58,25 @@ def variant_truth(cfg: DictConfig) -> Truth:
     return Truth(A=A, B=B, C_mid=C_mid, R0=mock.truth.R0)
 
 
+def mock_noise(cfg: DictConfig) -> MockNoise:
+    """The run's generator=mock settings and schedule as analysis/synthetic.py's MockNoise, name for name
+    (prompt_spread is its spread, gpu_hours its budget; a step's rows are prompts_per_step x samples_per_prompt, its
+    max_length the generation limit, max_think_tokens + max_answer_tokens)."""
+    mock, gen, batch = cfg.generator, cfg.generation, cfg.batch
+    return MockNoise(val_prompts=int(mock.val_prompts), val_samples=int(mock.val_samples),
+                     spread=float(mock.prompt_spread), wobble_sd=float(mock.wobble_sd),
+                     wobble_gpu_hours=float(mock.wobble_gpu_hours), run_sd_A=float(mock.run_sd_A),
+                     reference_length_frac=float(mock.reference_length_frac), steps=int(cfg.train.steps),
+                     val_every=int(cfg.train.val_every), budget=float(mock.gpu_hours),
+                     rows=int(batch.prompts_per_step) * int(batch.samples_per_prompt),
+                     max_length=int(gen.max_think_tokens) + int(gen.max_answer_tokens))
+
+
+def run_seed(cfg: DictConfig) -> int:
+    """The seed of the run `cfg` describes: cfg.seed and its signature (each variant and seed its own draws)."""
+    return int(hashlib.sha256(f"{cfg.seed}:{signature(cfg)}".encode()).hexdigest()[:8], 16)
+
+
 class SimulatedClock(Clock):
     """The simulated device-hours of a step: a share `hours_per_step` of the run's budget, scaled by the completion
     lengths drawn (relative to `reference_length_frac` of the longest completion, `max_length` tokens). A step
@@ -65,8 +91,9 @@ class SimulatedClock(Clock):
         self.reference_length_frac, self.step_seconds = reference_length_frac, step_seconds
 
     def gpu_hours(self, step: int, rollouts: Rollouts, wall_seconds: float, flops: StepFlops | None = None) -> float:
-        length_frac = float(rollouts.lengths.float().mean()) / self.max_length
-        return self.hours_per_step * length_frac / self.reference_length_frac
+        """analysis/synthetic.py's step_gpu_hours on the lengths drawn (mock_curve's clock)."""
+        share = float(length_share(rollouts.lengths.cpu().numpy(), self.max_length))
+        return float(step_gpu_hours(self.hours_per_step, share, self.reference_length_frac))
 
     def dropped(self, wall_seconds: float) -> float:
         if self.step_seconds <= 0:  # rollouts come at once: no wait to drop
@@ -79,31 +106,28 @@ class MockGenerator(Generator):
 
     capabilities = Capabilities(samples_policy=False)  # not the policy's rollouts: no warm start, no log-prob gap
 
-    def __init__(self, truth: dict, effects: dict, gpu_hours: float, reference_length_frac: float, val_prompts: int,
-                 val_samples: int, run_sd_A: float, wobble_sd: float, wobble_gpu_hours: float, prompt_spread: float,
-                 step_seconds: float = 0.0, *, cfg: DictConfig, sampler=None, **_: object):
+    def __init__(self, *, cfg: DictConfig, sampler=None, **_: object):
+        """Its settings are cfg.generator's (conf/generator/mock.yaml), read by mock_noise; its draws come from the
+        run's MockStreams (run_seed)."""
         self.sampler = sampler  # the trainer's prompt sampler: batch() draws from it
         self.truth = variant_truth(cfg)
         path, _, choice = str(cfg.generator.crash_when).partition("=")
         self.crash_at = cfg.generator.crash_at_step if not path or choice_of(cfg, path) == choice else 0
-        seed = int(hashlib.sha256(f"{cfg.seed}:{signature(cfg)}".encode()).hexdigest()[:8], 16)
-        self.rng = np.random.default_rng(seed)
-        run_A = min(self.truth.A + run_sd_A * self.rng.standard_normal(), 1.0)
-        self.run_truth = Truth(A=run_A, B=self.truth.B, C_mid=self.truth.C_mid, R0=self.truth.R0)
-        self.val_quantiles = (np.arange(val_prompts) + 0.5) / val_prompts
-        self.val_samples = val_samples
+        self.noise = mock_noise(cfg)
+        self.streams = MockStreams.of(run_seed(cfg))
+        self.rng = self.streams.rollouts  # pass or fail, thinking budgets, tokens, log-probs, versions
+        self.run_truth = run_truth(self.streams.run, self.truth, self.noise.run_sd_A)
+        self.val_quantiles = validation_quantiles(self.noise.val_prompts)
         self.length_control = build(cfg.length_control)
         self.off_policy = build(cfg.off_policy)
         self.gen = cfg.generation
         self.samples_per_prompt = int(cfg.batch.samples_per_prompt)
         self.samples_per_batch = int(cfg.batch.prompts_per_step)
-        self.clock = SimulatedClock(gpu_hours / cfg.train.steps,
-                                    int(self.gen.max_think_tokens + self.gen.max_answer_tokens), reference_length_frac,
-                                    float(step_seconds))
-        self.wobble_sd, self.wobble_gpu_hours, self.kappa = wobble_sd, wobble_gpu_hours, prompt_spread
+        self.clock = SimulatedClock(self.noise.budget / self.noise.steps, self.noise.max_length,
+                                    self.noise.reference_length_frac, float(cfg.generator.step_seconds))
         self.vocab = int(cfg.model.vocab_size) or len(build_tokenizer(cfg.model))
         self.phrase_tokens = len(self.length_control.phrase.split()) if self.length_control.phrase else 0
-        self._wobble, self._wobble_at = 0.0, 0.0
+        self._wobble = WobblePoint()
 
     @property
     def step_seconds(self) -> float:
@@ -120,11 +144,11 @@ class MockGenerator(Generator):
         return {**{f"mock.truth.{k}": v for k, v in vars(self.truth).items()}, "mock.run.A": self.run_truth.A}
 
     def state_dict(self) -> dict:
-        return {"rng": self.rng.bit_generator.state, "wobble": self._wobble, "wobble_at": self._wobble_at}
+        return {"streams": self.streams.state_dict(), "wobble": asdict(self._wobble)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.rng.bit_generator.state = state["rng"]
-        self._wobble, self._wobble_at = state["wobble"], state["wobble_at"]
+        self.streams.load_state_dict(state["streams"])
+        self._wobble = WobblePoint(**state["wobble"])
 
     # ------------------------------------------------------------------------------- the trainer's generator calls
     def batch(self, step: int, compute: float, stop: Callable[[], bool] | None = None) -> Rollouts:
@@ -142,16 +166,16 @@ class MockGenerator(Generator):
     # ------------------------------------------------------------------------------------------------ validation
     def validate(self, compute: float, **_: object) -> float:
         """mean@k pass rate over the simulated validation prompts at `compute` GPU-hours."""
-        rate = min(max(self.run_truth(compute) + self._advance_wobble(compute), 1e-4), 1 - 1e-4)
-        return mean_at_k(self.rng, rate, self.val_quantiles, self.val_samples, self.kappa)
+        rate = validation_rate(self.run_truth, compute, self._advance_wobble(compute))
+        return mean_at_k(self.streams.validation, rate, self.val_quantiles, self.noise.val_samples, self.noise.spread)
 
     def _advance_wobble(self, compute: float) -> float:
-        if self.wobble_sd <= 0 or compute <= 0:
+        """The wobble at `compute` (analysis/synthetic.py's wobble_next on its own stream; 0 at compute 0)."""
+        if self.noise.wobble_sd <= 0 or compute <= 0:
             return 0.0
-        rho = math.exp(-max(compute - self._wobble_at, 0.0) / self.wobble_gpu_hours)
-        self._wobble = rho * self._wobble + math.sqrt(1 - rho * rho) * self.wobble_sd * self.rng.standard_normal()
-        self._wobble_at = compute
-        return self._wobble
+        self._wobble = wobble_next(self.streams.wobble, self._wobble, float(compute), self.noise.wobble_sd,
+                                   self.noise.wobble_gpu_hours)
+        return self._wobble.value
 
     # ------------------------------------------------------------------------------------------------- rollouts
     def rollouts(self, prompt_ids: list[int], step: int, compute: float) -> Rollouts:
@@ -164,9 +188,8 @@ class MockGenerator(Generator):
         correct = self.rng.random((P, G)) < p_pass[:, None]
 
         max_think, max_answer = int(self.gen.max_think_tokens), int(self.gen.max_answer_tokens)
-        natural = np.ceil((max_think + max_answer) * self.rng.gamma(5.0, 0.5 / 5.0, size=N)).astype(int)
-        think = np.maximum(np.round(natural * 0.85).astype(int), 1)
-        answer = np.maximum(natural - think, 1)
+        natural = whole_tokens(completion_length_fracs(self.streams.lengths, N), max_think + max_answer)
+        think, answer = thinking_and_answer(natural)
         injected = np.zeros(N, dtype=int)
         truncated = np.zeros(N, dtype=bool)
         for i in range(N):
