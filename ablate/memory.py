@@ -216,7 +216,7 @@ def micro_batch_tokens(rows: int, cap: int, row_tokens: float) -> float:
 
 def largest_micro_batch(rows: int, cap: int, longest: int) -> int:
     """Tokens of the largest micro-batch, padded, the trainer makes of rows at most `longest` tokens long
-    (trainer.micro_batches): `rows` of them, or under the token cap `cap` (0: none) k rows as wide as k x width <=
+    (ablate.plan.padded's largest pass): `rows` of them, or under the token cap `cap` (0: none) k rows as wide as k x width <=
     cap allows, or one row alone. Rows shorter than the longest may fill the cap where the longest do not: 4 rows of
     16,384 tokens fill 65,536 where rows of 16,404 (the interruption's phrase included) go 3 to a micro-batch."""
     if not cap or rows * longest <= cap:

@@ -1,12 +1,22 @@
 """The learner's plan for one step: which trained rows each trainer rank runs in which forward/backward pass.
 
-Two forms of a pass. `padded`: the rows side by side, each padded to the pass's longest (the per-row scorer today); a
-pass costs rows x longest decoder tokens and rows x longest^2 attention. `packed`: the rows flattened into one
-sequence, attention kept within each row (varlen); a pass costs the sum of its rows' lengths, and of their squares.
+Two forms of a pass. `padded`: the rows side by side, each padded to the pass's longest (ablate/policy.py's per-row
+`Scorer`); a pass costs rows x longest decoder tokens and rows x longest^2 attention. `packed`: the rows flattened into
+one sequence, attention kept within each row (varlen, `PackedScorer`); a pass costs the sum of its rows' lengths, and
+of their squares.
 Both deal the rows to ranks and bin them into passes by tokens so that every rank runs the same number of passes
-(FSDP's collectives pair up pass by pass), none a dummy where there are rows enough, with the work spread evenly;
-`today` is the plan they replace, with the same statistics. A plan is a function of every row's length alone, so
-every rank computes the same one and no collective is needed. Why and the figures: docs/training.md#the-learners-plan.
+(FSDP's collectives pair up pass by pass), none a dummy where there are rows enough, with the work spread evenly.
+A plan is a function of every row's length alone, so every rank computes the same one and no collective is needed.
+Why and the figures: docs/training.md#the-learners-plan.
+
+Their budgets (the trainer's `step_plan`): a padded pass holds at most train.micro_batch_size rows and
+train.micro_batch_tokens tokens counted padded (0: no token cap); a packed pass has no row cap and holds at most
+`budget` real tokens, train.micro_batch_tokens where set, else micro_batch_size x the step's longest row (as many as
+the padded form's largest pass, so that one memory estimate bounds both forms). A row longer than its budget goes
+alone in either form.
+
+The learner's plan before these (a round-robin deal, padded micro-batches) lives in bench/retired_plan.py, for the
+benches that compare with it.
 """
 
 from __future__ import annotations
@@ -173,48 +183,6 @@ def packed(lengths: torch.Tensor, trained: torch.Tensor, world: int, budget: int
         if bins is not None:
             return _to_ranks("packed", bins, world * per_rank, world, attention, lens, order, budget)
         per_rank += 1  # terminates: with a bin a row, every row fits
-
-
-def today(lengths: torch.Tensor, trained: torch.Tensor, world: int, budget: int, max_rows: int,
-          attention: float = ATTENTION_8B) -> Plan:
-    """The plan these replace: the trained rows dealt round robin by length (`deal`), each rank's cut into padded
-    micro-batches (`micro_batches`), every rank running as many passes as the busiest, the others' extra ones dummy
-    passes on row 0."""
-    lens = [int(n) for n in lengths.tolist()]
-    passes = [[b.tolist() for b in micro_batches(lengths, deal(lengths, trained, rank, world), max_rows, budget)]
-              for rank in range(world)]
-    most = max((len(p) for p in passes), default=0)
-    return Plan("padded", [p + [[]] * (most - len(p)) for p in passes], lens, 0, attention)
-
-
-def deal(lengths: torch.Tensor, trained: torch.Tensor, rank: int, world: int) -> torch.Tensor:
-    """Today's deal: the trained rows dealt to `rank` of `world` (a mask [N]): by length, longest first, round robin,
-    so that every rank gets rows of every length and about the same number of tokens."""
-    order = torch.argsort(lengths, descending=True, stable=True)
-    order = order[trained[order]]
-    mine = torch.zeros_like(trained)
-    mine[order[rank::world]] = True
-    return mine
-
-
-def micro_batches(lengths: torch.Tensor, trained: torch.Tensor, max_rows: int, max_tokens: int = 0
-                  ) -> list[torch.Tensor]:
-    """Today's cut: the rows to train [N] in micro-batches of similar lengths: longest first, each micro-batch at most
-    `max_rows` rows and (when max_tokens > 0) at most about `max_tokens` tokens once padded to its longest row (a row
-    longer than that goes alone). lengths [N]: tokens of each row (prompt + completion); trained [N]: rows with a
-    token in the loss (the others are skipped). Returns index tensors on the rows' device."""
-    order = torch.argsort(lengths, descending=True, stable=True)
-    order = order[trained[order]]
-    batches, start = [], 0
-    for i, size in enumerate(lengths[order].tolist()):
-        if i == start:
-            width = size  # the longest row of the micro-batch: its padded width
-        elif i - start == max_rows or (max_tokens > 0 and (i + 1 - start) * width > max_tokens):
-            batches.append(order[start:i])
-            start, width = i, size
-    if start < len(order):
-        batches.append(order[start:])
-    return batches
 
 
 def _trained(lengths: torch.Tensor, trained: torch.Tensor, world: int, budget: int, max_rows: int | None

@@ -5,14 +5,16 @@ engine processes serve rank 0. Each process's groups are made here and handed do
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
 import threading
+from collections.abc import Callable, Collection, Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -24,6 +26,10 @@ from ablate.distributed.signals import (defer_the_warning, ranks_born_with_the_w
                                         stop_for_requeue, take_the_warning, the_time_limit_taken)
 from ablate.distributed.topology import engine_gpus, job_store, layout_name, nodes
 from ablate.distributed.watch import ENDED, tell, watching
+
+THEIRS = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)  # the signals torch's launcher takes; SIGTERM is ours
+LAUNCHER_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing")  # its notes, and its spawner's
+
 
 def launch(cfg, fn, *args, log: str | os.PathLike | None = None, **kwargs):
     """Run `fn(*args, groups=..., **kwargs)` (the trainer) on the layout `cfg.run` names, handing it this process's
@@ -37,19 +43,58 @@ def launch(cfg, fn, *args, log: str | os.PathLike | None = None, **kwargs):
     i x P .. i x P + P - 1 (P = the processes per node) and node 0 hosts the rendezvous; only node 0's call
     returns what `fn` returned (rank 0 is there), the others return None.
 
-    A rank that fails raises one line here: which rank, its error, and where its traceback is. The launcher's notes
-    and that traceback go to the file `log` (the run's folder: `launch_log`) where one is given, else to stderr; in
-    one process, its error is raised as it is, its traceback added to `log`."""
+    A rank that fails raises one line here (`failure_line`): which rank, its error, and where its traceback is. The
+    launcher's notes and that traceback go to the file `log` (the run's folder: `launch_log`) where one is given,
+    else to stderr; in one process, its error is raised as it is, its traceback added to `log`. What the launch
+    changes of this process (signal handlers, loggers, an environment variable) is given back as it was, however
+    it ends (`process_state_kept`)."""
     trainers, engines = int(cfg.run.trainer_gpus), int(cfg.run.get("generator_gpus", 0))
-    world = trainers + engines
     count, node, endpoint, run_id = nodes()
-    if world == 1 and count == 1:
+    if trainers + engines == 1 and count == 1:
+        return _in_this_process(fn, args, kwargs, log)
+    _check_the_spread(cfg, trainers, engines, count)
+    from omegaconf import OmegaConf
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    plain = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
+    config = _launch_config(trainers + engines, count, node, endpoint, run_id)
+    warning = SlurmWarning()
+    with process_state_kept(warning.note, log) as displaced:
         try:
-            return fn(*args, groups=Groups(), **kwargs)
-        except Exception:  # raised as it is (the caller says it in one line); its traceback kept in the log
-            if log is not None:
-                _LogTo.traceback(log)
+            with ranks_born_with_the_warning_blocked(warning.note), \
+                    the_time_limit_taken(lambda: warning.came and node == 0, lambda: _requeue(displaced)):
+                results = elastic_launch(config, rank_main)(plain, fn, args, kwargs)
+        except SignalException as err:  # Ctrl-C reached the launcher: it stopped the ranks (rank 0 closed its run)
+            if err.sigval == signal.SIGINT:
+                raise KeyboardInterrupt from None
             raise
+        except ChildFailedError as err:  # one line: which rank, and its error
+            written = {f.error_file for f in err.failures.values() if f.error_file and os.path.isfile(f.error_file)}
+            raise RuntimeError(failure_line(err.failures, trainers, log, written)) from None
+    if node != 0:  # rank 0 and its result are on node 0 (whose task requeues the job at SLURM's warning)
+        return None
+    if warning.came and results[0] is None:  # rank 0 stopped at the warning, its checkpoint written: requeue
+        _requeue(displaced)
+    return results[0]
+
+
+def _in_this_process(fn, args: tuple, kwargs: dict, log: str | os.PathLike | None):
+    """`launch` with one process in all: `fn` here. Its error is raised as it is (the caller says it in one line),
+    its traceback kept in the log."""
+    try:
+        return fn(*args, groups=Groups(), **kwargs)
+    except Exception:
+        if log is not None:
+            _traceback_to(log)
+        raise
+
+
+def _check_the_spread(cfg, trainers: int, engines: int, count: int) -> None:
+    """The layout's processes spread evenly over the job's nodes, each with a CUDA device of its own where the
+    weights are on CUDA: else one clear error, before any rank starts."""
+    world = trainers + engines
     if world % count:
         raise ValueError(f"{world} processes do not spread evenly over the job's {count} nodes")
     from ablate.policy import device_of
@@ -57,90 +102,165 @@ def launch(cfg, fn, *args, log: str | os.PathLike | None = None, **kwargs):
     if device_of(cfg.model).type == "cuda" and world // count > torch.cuda.device_count():
         raise ValueError(f"{layout_name(trainers, engines)}: this node has {torch.cuda.device_count()} CUDA "
                          "device(s), one per process (model.device=cpu runs them on the CPU)")
-    from omegaconf import OmegaConf
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    plain = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
-    theirs = "SIGINT,SIGHUP,SIGQUIT"  # the signals torch's launcher takes; SIGTERM is this process's (below)
+
+def _launch_config(world: int, count: int, node: int, endpoint: str, run_id: str):
+    """torch's launcher's settings: this node's share of `world` processes, spawned, never restarted, the signals
+    in THEIRS its to take. One node: a c10d rendezvous; several: static, node i's ranks i x P.. whatever order the
+    nodes start in (rank 0, the leader, on node 0)."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    theirs = ",".join(sig.name for sig in THEIRS)
     if count == 1:
-        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, rdzv_backend="c10d",
-                              rdzv_endpoint=endpoint, run_id=run_id, max_restarts=0, start_method="spawn",
-                              signals_to_handle=theirs)
-    else:  # static: node i's ranks are i x P.. whatever order the nodes start in (rank 0, the leader, on node 0)
-        config = LaunchConfig(min_nodes=count, max_nodes=count, nproc_per_node=world // count, rdzv_backend="static",
-                              rdzv_endpoint=endpoint, rdzv_configs={"rank": node}, run_id=run_id, max_restarts=0,
-                              start_method="spawn", signals_to_handle=theirs)
-    # the launcher's notes on starting and stopping its workers (each of its modules has a logger with its own level)
-    quiet = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
-             if name.startswith("torch.distributed.elastic")]
-    levels = [logger.level for logger in quiet]
-    for logger in quiet:
-        logger.setLevel(logging.ERROR)
-    to_file = _LogTo(log) if log is not None else None  # the launcher's, and the spawner's, notes
-    # SLURM's warning (USR2, before a time limit or a preemption) is rank 0's to act on: where it waits on a step's
-    # rollouts (or at the end of a learner update) it checkpoints (every rank writes its shards) and stops; then this
-    # process hands the warning to the handler it displaced (submitit's: requeue the job). Here it is only noted,
-    # and passed on to the ranks once (SLURM may have signalled them too: rank 0 holds it either way, the others
-    # ignore it).
-    warned: list[int] = []
-    once = threading.Lock()
+        return LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, rdzv_backend="c10d",
+                            rdzv_endpoint=endpoint, run_id=run_id, max_restarts=0, start_method="spawn",
+                            signals_to_handle=theirs)
+    return LaunchConfig(min_nodes=count, max_nodes=count, nproc_per_node=world // count, rdzv_backend="static",
+                        rdzv_endpoint=endpoint, rdzv_configs={"rank": node}, run_id=run_id, max_restarts=0,
+                        start_method="spawn", signals_to_handle=theirs)
 
-    def note_warning(signum, frame) -> None:
-        if once.acquire(blocking=False):
-            warned.append(signum)
+
+class SlurmWarning:
+    """SLURM's warning (USR2, before a time limit or a preemption) as the launching process sees it. It is rank 0's
+    to act on: where it waits on a step's rollouts (or at the end of a learner update) it checkpoints (every rank
+    writes its shards) and stops; then `launch` hands the warning to the handler it displaced (submitit's: requeue
+    the job). Here it is only noted (`came`), and passed on to the ranks started here once (SLURM may have signalled
+    them too: rank 0 holds it either way, the others ignore it)."""
+
+    def __init__(self) -> None:
+        self.came = False
+        self._once = threading.Lock()
+
+    def note(self, signum, frame) -> None:
+        if self._once.acquire(blocking=False):
+            self.came = True
             for pid in ranks_started_here():
                 os.kill(pid, signal.SIGUSR2)
 
-    displaced = signal.signal(signal.SIGUSR2, note_warning)
-    # torch's launcher takes these for good (to stop its ranks, then raise); after it, they go back to their owners:
-    # submitit's bypass of SIGTERM lets this process requeue the job when SLURM signals it (its time limit, the
-    # requeue itself) instead of dying in the handler torch left. SIGTERM is not the launcher's (`theirs`): during
-    # it, after the warning, it is SLURM's time limit come before rank 0 has ended (a slow checkpoint, the engines'
-    # shutdown, the launcher's exit barrier), and the job is requeued at once, the launcher stopping the ranks on
-    # the way out (the last checkpoint written stands); before the warning it raises as torch's handler did
-    elastic = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
-    cpp_log = os.environ.get("TORCH_CPP_LOG_LEVEL")
-    os.environ["TORCH_CPP_LOG_LEVEL"] = cpp_log or "ERROR"  # the ranks: no warnings of collectives a Ctrl-C cut off
+
+@contextlib.contextmanager
+def process_state_kept(note_warning: Callable, log: str | os.PathLike | None) -> Iterator[Any]:
+    """Inside: this process set for torch's launcher; after, however it ends, every kind of state given back as it
+    was, the last set first. Yields the USR2 handler it displaced (submitit's requeue, the warning's owner).
+
+    - SIGTERM, SIGINT, SIGHUP, SIGQUIT: torch's launcher takes them for good (to stop its ranks, then raise); after
+      it they go back to their owners: submitit's bypass of SIGTERM lets this process requeue the job when SLURM
+      signals it (its time limit, the requeue itself) instead of dying in the handler torch left. SIGTERM is not the
+      launcher's (THEIRS): during it, after the warning, it is SLURM's time limit come before rank 0 has ended (a
+      slow checkpoint, the engines' shutdown, the launcher's exit barrier), and the job is requeued at once
+      (`the_time_limit_taken`), the launcher stopping the ranks on the way out (the last checkpoint written stands);
+      before the warning it raises as torch's handler did.
+    - USR2: `note_warning` (`SlurmWarning.note`).
+    - TORCH_CPP_LOG_LEVEL, for the ranks: ERROR unless set, so no warnings of collectives a Ctrl-C cut off.
+    - the launcher's loggers: ERROR, not its notes on starting and stopping its workers.
+    - where `log` is given, the launcher's loggers written there instead of stderr."""
+    with contextlib.ExitStack() as kept:
+        kept.enter_context(signal_handlers_kept((signal.SIGTERM, *THEIRS)))
+        displaced = kept.enter_context(signal_handled(signal.SIGUSR2, note_warning))
+        kept.enter_context(environ_defaulted("TORCH_CPP_LOG_LEVEL", "ERROR"))
+        kept.enter_context(loggers_quieted(LAUNCHER_LOGGERS[0], logging.ERROR))
+        if log is not None:
+            kept.enter_context(loggers_to_file(LAUNCHER_LOGGERS, log))
+        yield displaced
+
+
+@contextlib.contextmanager
+def signal_handlers_kept(signals: Collection[signal.Signals]) -> Iterator[None]:
+    """The Python handlers of `signals` as they were on entry, set again on exit, whatever the body set; a handler
+    set outside Python (getsignal's None) cannot be set from here and is left as the body left it."""
+    handlers = {sig: signal.getsignal(sig) for sig in signals}
     try:
-        with ranks_born_with_the_warning_blocked(note_warning), \
-                the_time_limit_taken(lambda: bool(warned) and node == 0, lambda: _requeue(displaced)):
-            results = elastic_launch(config, rank_main)(plain, fn, args, kwargs)
-    except SignalException as err:  # Ctrl-C reached the launcher: it stopped the ranks (rank 0 closed its run)
-        if err.sigval == signal.SIGINT:
-            raise KeyboardInterrupt from None
-        raise
-    except ChildFailedError as err:  # one line: which rank, and its error
-        # the first error, less the processes that ended because rank 0 had failed (ablate/distributed/watch.py)
-        failures = {r: f for r, f in err.failures.items() if f.exitcode != ENDED} or err.failures
-        rank = min(failures, key=lambda r: failures[r].timestamp)
-        failure = failures[rank]
-        message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
-        where = failure.error_file if os.path.isfile(failure.error_file) else "above"
-        if failure.exitcode > 0 and where == "above":  # no Python error: torch's message would be a link to its docs
-            message = f"it exited with code {failure.exitcode}"
-        if to_file is not None:
-            where = str(log)
-        who = f"trainer rank {rank}" if rank < trainers else f"the generator engine's process (rank {rank})"
-        raise RuntimeError(f"{who} failed: {str(message).strip().splitlines()[-1] if message else '?'}"
-                           f" (its log: {where})") from None
+        yield
     finally:
-        if to_file is not None:
-            to_file.close()
-        for logger, level in zip(quiet, levels):
-            logger.setLevel(level)
-        if cpp_log is None:
-            os.environ.pop("TORCH_CPP_LOG_LEVEL")
-        signal.signal(signal.SIGUSR2, displaced)
-        for sig, handler in elastic.items():
-            if handler is not None:  # None: set outside Python, not restorable from here
+        for sig, handler in handlers.items():
+            if handler is not None:
                 signal.signal(sig, handler)
-    if node != 0:  # rank 0 and its result are on node 0 (whose task requeues the job at SLURM's warning)
-        return None
-    if warned and results[0] is None:  # rank 0 stopped at the warning, its checkpoint written: requeue
-        _requeue(displaced)
-    return results[0]
+
+
+@contextlib.contextmanager
+def signal_handled(sig: signal.Signals, handler: Callable) -> Iterator[Any]:
+    """`sig` handled by `handler` inside; yields the handler it displaced, set again on exit."""
+    displaced = signal.signal(sig, handler)
+    try:
+        yield displaced
+    finally:
+        signal.signal(sig, displaced)
+
+
+@contextlib.contextmanager
+def environ_defaulted(name: str, value: str) -> Iterator[None]:
+    """The environment variable `name` set to `value` inside where it is unset or empty; on exit, as it was (unset
+    again where it was unset)."""
+    before = os.environ.get(name)
+    os.environ[name] = before or value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+@contextlib.contextmanager
+def loggers_quieted(prefix: str, level: int) -> Iterator[None]:
+    """Every logger made so far whose name starts with `prefix` (each of torch's launcher's modules has one, with a
+    level of its own) at `level` inside; on exit, each at its own level again."""
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict) if name.startswith(prefix)]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(level)
+    try:
+        yield
+    finally:
+        for logger, was in zip(loggers, levels):
+            logger.setLevel(was)
+
+
+@contextlib.contextmanager
+def loggers_to_file(names: Collection[str], path: str | os.PathLike) -> Iterator[None]:
+    """The loggers `names` (torch's launcher's: LAUNCHER_LOGGERS) written to the file `path` instead of passed up to
+    stderr inside: a rank's traceback lands there, and the terminal gets `launch`'s one line. On exit the file is
+    closed and the loggers pass their records up as they did."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    loggers = [logging.getLogger(name) for name in names]
+    propagate = [logger.propagate for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.propagate = False
+    try:
+        yield
+    finally:
+        for logger, was in zip(loggers, propagate):
+            logger.removeHandler(handler)
+            logger.propagate = was
+        handler.close()
+
+
+def failure_line(failures: Mapping[int, Any], trainers: int, log: str | os.PathLike | None,
+                 written: Collection[str]) -> str:
+    """The one line `launch` raises when processes fail. `failures`: rank -> what torch's launcher says of it (a
+    ProcessFailure: exitcode, timestamp, message, error_file); `trainers`: ranks below it are trainer ranks, the rest
+    engine processes; `log`: the file the launcher's notes went to, if any; `written`: the error files that exist.
+
+    The rank is the first to fail, less the processes that ended because another had failed (exit code ENDED:
+    ablate/distributed/watch.py) unless all did; its error is the last line of its message. Where its traceback is:
+    `log`, else its error file, else "above" (stderr). A process that exited with a code and left no error file
+    raised no Python error: its exit code, not torch's message (a link to its docs)."""
+    failures = {r: f for r, f in failures.items() if f.exitcode != ENDED} or failures
+    rank = min(failures, key=lambda r: failures[r].timestamp)
+    failure = failures[rank]
+    message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
+    where = failure.error_file if failure.error_file in written else "above"
+    if failure.exitcode > 0 and where == "above":
+        message = f"it exited with code {failure.exitcode}"
+    if log is not None:
+        where = str(log)
+    who = f"trainer rank {rank}" if rank < trainers else f"the generator engine's process (rank {rank})"
+    lines = str(message or "").strip().splitlines()
+    return f"{who} failed: {lines[-1] if lines else '?'} (its log: {where})"
 
 
 def launch_log(cfg, run_id: str) -> Path:
@@ -149,37 +269,13 @@ def launch_log(cfg, run_id: str) -> Path:
     return Path(str(runs)) / run_id / "launcher.log"
 
 
-class _LogTo:
-    """The launcher's loggers (torch.distributed.elastic's, and torch.multiprocessing's that stops the other ranks)
-    written to the file `path` instead of stderr while it is open: a rank's traceback lands there, and the terminal
-    gets `launch`'s one line."""
+def _traceback_to(path: str | os.PathLike) -> None:
+    """The exception being handled, its traceback added to the file `path`."""
+    import traceback
 
-    NAMES = ("torch.distributed.elastic", "torch.multiprocessing")
-
-    def __init__(self, path: str | os.PathLike):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.handler = logging.FileHandler(path)
-        self.handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        self.loggers = [logging.getLogger(name) for name in self.NAMES]
-        self.propagate = [logger.propagate for logger in self.loggers]
-        for logger in self.loggers:
-            logger.addHandler(self.handler)
-            logger.propagate = False
-
-    @staticmethod
-    def traceback(path: str | os.PathLike) -> None:
-        """The exception being handled, its traceback added to the file `path`."""
-        import traceback
-
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as log:
-            log.write(traceback.format_exc())
-
-    def close(self) -> None:
-        for logger, propagate in zip(self.loggers, self.propagate):
-            logger.removeHandler(self.handler)
-            logger.propagate = propagate
-        self.handler.close()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as log:
+        log.write(traceback.format_exc())
 
 
 def _requeue(displaced) -> NoReturn:

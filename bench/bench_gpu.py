@@ -7,9 +7,9 @@ experiment=paper_8b's optimizer and precision (fp32 master weights, bf16 compute
   checkpointing (its rollouts: random tokens, rewards 0 and 1 in turn, spread lengths);
 - paper: the learner at a paper-like step (`paper`: a Llama-3.2-1B-shaped model, a trainer rank's 48 rows of
   lognormal completions up to 8k tokens, passes of at most 65,536 tokens, activation checkpointing), today's plan
-  (`plan.today`'s passes, the per-row scorer) beside the packed one (`plan.packed`, PackedScorer), in one process and
-  FSDP-wrapped on a 1-rank process group: tokens/s, 6N-MFU, peak memory, and whether the two forms agree (their
-  log-probs, their train/logprob_gap to a generator's, the weights one step changes and how);
+  (bench/retired_plan.py's passes, the per-row scorer) beside the packed one (`plan.packed`, PackedScorer), in one
+  process and FSDP-wrapped on a 1-rank process group: tokens/s, 6N-MFU, peak memory, and whether the two forms agree
+  (their log-probs, their train/logprob_gap to a generator's, the weights one step changes and how);
 - generators: tokens per second of the hf engine and of vLLM (when installed), R rows x N new tokens; vLLM's sync;
 - whole run: experiment=paper_8b model=llama_1b on the synthetic task: seconds per step, idle and wait fractions,
   and the median bf16 log-prob gap between trainer and generator after the loads (train/logprob_gap).
@@ -31,6 +31,7 @@ import tempfile
 import time
 
 import numpy as np
+import retired_plan
 import torch
 from common import run_trainer
 from omegaconf import OmegaConf
@@ -170,7 +171,7 @@ def estimate_bytes(cfg, ro: Rollouts, planned: plan.Plan | None = None) -> float
 
     lengths = ro.prompt_mask.sum(dim=1) + ro.lengths
     if planned is None:
-        batches = plan.micro_batches(lengths, ro.mask.any(dim=1), cfg.train.micro_batch_size,
+        batches = retired_plan.micro_batches(lengths, ro.mask.any(dim=1), cfg.train.micro_batch_size,
                                      cfg.train.micro_batch_tokens)
         tokens = max(len(b) * int(lengths[b].max()) for b in batches)
     else:
@@ -206,12 +207,14 @@ MID_TOP = 12288  # the interruption budget's top in bench/bench_learner_plan.py'
 
 
 class TodayLearner(Learner):
-    """The learner as it ran before ablate/plan.py: `plan.today`'s passes (the rows dealt round robin by length, each
-    rank's cut into padded micro-batches of at most train.micro_batch_size rows and train.micro_batch_tokens padded
-    tokens, dummy passes where a rank has fewer), scored row by row (run.packed_rows=false)."""
+    """The learner as it ran before ablate/plan.py: bench/retired_plan.py's passes (the rows dealt round robin by
+    length, each rank's cut into padded micro-batches of at most train.micro_batch_size rows and
+    train.micro_batch_tokens padded tokens, dummy passes where a rank has fewer), scored row by row
+    (run.packed_rows=false)."""
 
     def step_plan(self, lengths: torch.Tensor, trained: torch.Tensor) -> plan.Plan:
-        return plan.today(lengths, trained, self.ranks.world, self.micro_tokens, self.micro_batch, self.attention)
+        return retired_plan.round_robin(lengths, trained, self.ranks.world, self.micro_tokens, self.micro_batch,
+                                        self.attention)
 
 
 # --paper-forms: (the table's name, learner, packed rows, FSDP on a 1-rank process group)
@@ -400,7 +403,7 @@ def _paper(args, device: torch.device, peak: float, shape: dict, prompt: torch.T
            cfg) -> None:
     ro = _paper_rollouts(prompt, completion, args.paper_samples, shape["vocab_size"], args.paper_cap).to(device)
     lengths, trained = (prompt + completion), torch.ones(len(prompt), dtype=torch.bool)
-    today = plan.today(lengths, trained, 1, args.paper_budget, args.paper_pass_rows)
+    today = retired_plan.round_robin(lengths, trained, 1, args.paper_budget, args.paper_pass_rows)
     ro.gen_logprobs = _generator_logprobs(cfg, ro, today).to(device) * ro.mask
     print(f"\npaper-like learner: {'PAPER_SMALL' if args.small else 'Llama-3.2-1B'}-shaped, {len(prompt)} rows "
           f"({args.paper_prompts} prompts x {args.paper_samples}), prompts median {int(prompt.median())}, "

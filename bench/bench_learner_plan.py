@@ -2,7 +2,8 @@
 and the balanced packed one, early, mid and late in training.
 
     python bench/bench_learner_plan.py                   # the paper preset's step: 768 rows, 16 ranks, 65,536 tokens
-    python bench/bench_learner_plan.py --today-only      # today's plan alone (what ran before ablate/plan.py)
+    python bench/bench_learner_plan.py --today-only      # today's plan alone (what ran before ablate/plan.py:
+                                                         # bench/retired_plan.py)
     python bench/bench_learner_plan.py --ranks 8 --budget 32768 --kept 0.7
 
 Prints, for each regime, the lengths' summary and for each plan: real / computed decoder tokens, real / computed
@@ -33,6 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import retired_plan  # noqa: E402 - the plan the balanced ones replaced, beside this file
 from ablate import plan  # noqa: E402
 
 REGIMES = {"early": (1500, 0.9), "mid": (4000, 0.7), "late": (8000, 0.5)}  # thinking's median and sigma
@@ -88,7 +90,7 @@ def main() -> None:
               f"; trained {int(trained.sum())}")
         print(f"  {'plan':<8} {'decoder tokens real / computed':>31}   {'attn':>5}   {'passes':>6}   {'dummy':>6}"
               f"   {'imbalance':>9}   {'lockstep':>8}   {'paced':>7}")
-        plans = {"today": plan.today(lengths, trained, a.ranks, a.budget, a.rows)}
+        plans = {"today": retired_plan.round_robin(lengths, trained, a.ranks, a.budget, a.rows)}
         if not a.today_only:
             plans["padded"] = plan.padded(lengths, trained, a.ranks, a.budget, a.rows)
             plans["packed"] = plan.packed(lengths, trained, a.ranks, a.budget)

@@ -35,7 +35,7 @@ from ablate.config import compose
 from ablate.policy import build_policy
 from ablate.rl import precision
 from ablate.rollouts import Rollouts
-from ablate.plan import micro_batches
+from retired_plan import micro_batches
 from ablate.trainer import Learner
 from bench_gpu import estimate_bytes
 

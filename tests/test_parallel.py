@@ -32,12 +32,22 @@ from ablate.distributed import groups as process_groups
 from ablate.distributed import signals, topology
 from ablate.config import compose
 from ablate.generators.engine import Engine, Limits, Sequence, decode
-from ablate.plan import deal
 from ablate.policy import build_policy, weights_in
 from ablate.registry import build
 from ablate.rl.aggregation import token_weights
 from ablate.trainer import Learner
-from conftest import run_cli
+from conftest import ROOT, run_cli
+
+
+def deal(lengths: torch.Tensor, trained: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """A split of the rows into disjoint shares, one a rank: the retired plan's round-robin deal (bench/
+    retired_plan.py), loaded from its file; the tests below need a split, not the learner's plan."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("retired_plan", ROOT / "bench" / "retired_plan.py")
+    retired = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(retired)
+    return retired.deal(lengths, trained, rank, world)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
 WORLD = 2
