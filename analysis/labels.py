@@ -57,8 +57,10 @@ def short_labels(names: list[str]) -> dict[str, str]:
     trail = 0
     while all(len(w) > lead + trail for w in words) and len({w[-1 - trail] for w in words}) == 1:
         trail += 1
-    for cut in sorted({(a, b) for a in range(lead + 1) for b in range(trail + 1)}, key=lambda ab: -sum(ab)):
-        if _distinct([_joined(p[cut[0]:len(p) - cut[1]]) for p in kept]):  # the most words off that leaves each one
+    # the most words off that leaves each label its own; of as many, the most off the end (a name's end is its stamp
+    # or a suffix more often than its settings)
+    for cut in sorted({(a, b) for a in range(lead + 1) for b in range(trail + 1)}, key=lambda ab: (-sum(ab), -ab[1])):
+        if _distinct([_joined(p[cut[0]:len(p) - cut[1]]) for p in kept]):
             kept = [p[cut[0]:len(p) - cut[1]] for p in kept]
             break
     everywhere = set.intersection(*({w for _, w in p} for p in kept))

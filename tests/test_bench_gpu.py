@@ -54,11 +54,37 @@ def test_the_paper_form_runs_today_and_packed_and_their_logprobs_and_updates_agr
         assert float(summary[2]) <= 1e-5 and float(summary[3]) >= 0.9999
 
 
-def test_the_paper_law_is_the_mid_regime_scaled_to_its_cap(bench_gpu):
-    """Hand-checked figures of the law at the defaults (3 prompts x 16, cap 8,192, seed 0); a smaller cap scales the
-    same draw: every completion under both caps is the same length to rounding, cut at the cap."""
+class _Medians:
+    """A stand-in for numpy's Generator that draws every lognormal at its median, exp(mean), and every integer at the
+    range's low end: the law's lengths then follow from its constants alone."""
+
+    def lognormal(self, mean, sigma, size=None):
+        import numpy as np
+
+        return np.broadcast_to(np.exp(mean), size if size is not None else np.shape(mean)).astype(float)
+
+    def integers(self, low, high, size=None):
+        import numpy as np
+
+        return np.full(size, low)
+
+
+def test_the_paper_law_is_the_mid_regime_scaled_to_its_cap(bench_gpu, monkeypatch):
+    """The law by hand, every draw at its median: a prompt of 250 tokens, a prompt's median 4,000 x 1, thinking at
+    that median (under the interruption's budget, 10,240 at least), an answer of 200; at the cap of 8,192 every
+    length x 8,192 / 12,288 = 2/3: prompts round(166.67) = 167, completions (4,000 + 200) x 2/3 = 2,800; a cap of
+    4,096 x 1/3: 83 and 1,400. Then the real draw (3 prompts x 16, seed 0): a smaller cap scales the same draw:
+    every completion under both caps is the same length to rounding, cut at the cap."""
+    import numpy as np
+
+    with monkeypatch.context() as patch:
+        patch.setattr(np.random, "default_rng", lambda *_: _Medians())
+        for cap, (p, c) in ((8192, (167, 2800)), (4096, (83, 1400))):
+            prompt, completion = bench_gpu.paper_lengths(3, 16, cap)
+            assert prompt.tolist() == [p] * 48 and completion.tolist() == [c] * 48, cap
     prompt, completion = bench_gpu.paper_lengths(3, 16, 8192)
-    assert int(completion.max()) == 8192 and int((prompt + completion).sum()) == 187913
+    assert int(completion.max()) == 8192 and int(completion.min()) >= 1 and (prompt >= 1).all()
+    assert 1000 < float(completion.double().median()) < 8192  # the mid regime: thousands of tokens, some cut
     assert (prompt.view(3, 16) == prompt.view(3, 16)[:, :1]).all()  # a prompt's samples share it
     half_prompt, half = bench_gpu.paper_lengths(3, 16, 4096)
     assert int(half.max()) == 4096

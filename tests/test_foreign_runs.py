@@ -132,8 +132,14 @@ def test_verl_runs_carry_verls_names_and_follow_their_law(mlflow_uri):
             compute = 8 * steps * 90.0 / 3600
             clock = np.array([m.timestamp for m in history], dtype=float)
             np.testing.assert_allclose(8 * (clock - clock[0]) / 1000 / 3600, compute)
-            # binomial noise over 1319 x 4 answers (sd <= 0.007) plus the wobble (sd 0.004): within 0.035 (4 sd)
-            np.testing.assert_allclose([m.value for m in history], law(compute), atol=0.035)
+            # binomial noise over 1319 x 4 answers plus the wobble (sd 0.004): each point within 4 of its own sd
+            # (<= 0.032; here at most 2.3); and no bias that the verdict tests on these runs could take for a move
+            # of the ceiling A (they allow 0.03): the mean of all points, and of the last 5 (near A), within 0.012 of
+            # the law's (2.5 sd: the points share the wobble, ~0.005 sd for 5 points; here at most 0.0098)
+            truth = law(compute)
+            off = np.array([m.value for m in history]) - truth
+            assert (np.abs(off) <= 4 * np.sqrt(truth * (1 - truth) / (1319 * 4) + 0.004**2)).all(), off
+            assert abs(off.mean()) <= 0.012 and abs(off[-5:].mean()) <= 0.012, off
     step_time = client.get_metric_history(run.info.run_id, "timing_s/step")
     assert sorted(m.step for m in step_time) == list(range(1, 61)) and {m.value for m in step_time} == {90.0}
 

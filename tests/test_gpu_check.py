@@ -75,14 +75,16 @@ def test_a_step_whose_module_is_missing_is_skipped_not_failed():
 
 def test_the_graph_step_runs_vllm_with_cuda_graphs_and_passes_its_environment(tmp_path):
     """Before, the "graphs on" step ran tests that all set enforce_eager=True: no graph was captured. tests/test_vllm.py
-    now takes every engine's enforce_eager from ABLATE_VLLM_GRAPHS, which that step alone sets; a step's env and
-    threads reach its process."""
+    now takes every engine's enforce_eager from conftest.vllm_eager: graphs on CUDA where ABLATE_VLLM_GRAPHS=1, which
+    that step alone sets (its engines' own setting: test_vllm.py's
+    test_the_engines_capture_cuda_graphs_where_the_graph_step_asks); a step's env and threads reach its process."""
+    from conftest import GRAPHS, vllm_eager
+
     check = _module()
     (graphs,) = [step for step in check.STEPS if "graphs on" in step.name]
-    assert dict(graphs.env) == {"ABLATE_VLLM_GRAPHS": "1"}
-    source = (ROOT / "tests" / "test_vllm.py").read_text()
-    assert "enforce_eager=true" not in source and '"enforce_eager": True' not in source
-    assert 'os.environ.get("ABLATE_VLLM_GRAPHS") != "1"' in source
+    assert dict(graphs.env) == {GRAPHS: "1"} and any("test_vllm.py" in part for part in graphs.command)
+    assert vllm_eager("cuda", dict(graphs.env)) is False  # the step's env: graphs captured
+    assert vllm_eager("cuda", {}) and vllm_eager("cuda", {GRAPHS: "0"}) and vllm_eager("cpu", {GRAPHS: "1"})
     says = check.Step("says", 1, 60, (sys.executable, "-c", "import os; print(os.environ['ABLATE_VLLM_GRAPHS'], "
                                                             "os.environ['OMP_NUM_THREADS'])"),
                       threads=2, env=(("ABLATE_VLLM_GRAPHS", "1"),))

@@ -288,25 +288,47 @@ def test_a_rows_longest_length_is_one_figure_for_the_length_check_vllm_and_the_m
 
 
 def test_the_largest_micro_batch_is_the_trainers_largest():
-    """memory.largest_micro_batch, the memory model's micro-batch, against the trainer's own packing
-    (trainer.micro_batches) of every set of k equal rows up to the longest, k up to the row cap: the largest padded
-    micro-batch it makes is the figure. Rows of one length are the worst case: a micro-batch is padded to its
-    longest row. By hand: 4 rows of 16,384 fill a cap of 65,536 where rows of 16,404 go 3 to one (49,212); a row
-    over the cap goes alone; no cap, the row cap alone decides."""
-    from ablate.plan import micro_batches
+    """memory.largest_micro_batch, the memory model's micro-batch, against the passes the learner runs
+    (Learner.step_plan: ablate/plan.py's padded plan, on 1 and on 2 ranks) of every set of k equal rows up to the
+    longest, k up to twice the row cap: the largest padded pass it makes is the figure. Rows of one length are the
+    worst case: a pass is padded to its longest row. By hand: 4 rows of 16,384 fill a cap of 65,536 where rows of
+    16,404 go 3 to one (49,212); a row over the cap goes alone; no cap, the row cap alone decides. The packed plan's
+    passes (the learner's budget: the cap, or the row cap x the step's longest row) hold no more tokens, where the
+    row cap x the longest fills the token cap (the other case:
+    test_a_packed_pass_fits_the_memory_models_micro_batch)."""
+    from ablate import plan
 
     assert memory.largest_micro_batch(8, 65536, 16404) == memory.largest_micro_batch(8, 65536, 16384) == 65536
     assert memory.micro_batch_tokens(8, 65536, 16404) == 3 * 16404  # rows all of the longest length
     assert memory.largest_micro_batch(3, 65536, 16404) == 3 * 16404 and memory.largest_micro_batch(1, 10, 30) == 30
     assert memory.largest_micro_batch(8, 1000, 16384) == 16384 and memory.largest_micro_batch(8, 0, 100) == 800
     for rows, cap, longest in [(8, 64, 17), (4, 64, 17), (3, 50, 40), (5, 0, 9), (6, 30, 7), (2, 10, 25), (1, 8, 8)]:
-        packed = 0
+        padded = {1: 0, 2: 0}
         for width in range(1, longest + 1):
             for k in range(1, 2 * rows + 1):
-                lengths = torch.full((k,), width)
-                batches = micro_batches(lengths, torch.ones(k, dtype=torch.bool), rows, cap)
-                packed = max(packed, *(len(batch) * width for batch in batches))
-        assert memory.largest_micro_batch(rows, cap, longest) == packed, (rows, cap, longest)
+                lengths, trained = torch.full((k,), width), torch.ones(k, dtype=torch.bool)
+                for world in padded:
+                    passes = plan.padded(lengths, trained, world, cap, rows).passes
+                    padded[world] = max(padded[world], *(len(b) * width for p in passes for b in p))
+                if not cap or rows * longest >= cap:
+                    budget = cap or rows * width  # Learner.step_plan's: the longest row of these is `width`
+                    passes = plan.packed(lengths, trained, 1, budget).passes
+                    assert max(sum(len(b) * [width]) for p in passes for b in p) <= \
+                        memory.largest_micro_batch(rows, cap, longest), (rows, cap, longest, width, k)
+        assert memory.largest_micro_batch(rows, cap, longest) == padded[1] == padded[2], (rows, cap, longest)
+
+
+@pytest.mark.xfail(strict=True, reason="a packed pass may hold micro_batch_tokens of short rows where the memory "
+                                       "model counts micro_batch_size x the longest row (ablate/checks.py)")
+def test_a_packed_pass_fits_the_memory_models_micro_batch():
+    """Packed (Learner.step_plan), a pass holds up to train.micro_batch_tokens real tokens whatever their rows; the
+    memory model's micro-batch is memory.largest_micro_batch(micro_batch_size, micro_batch_tokens, longest row),
+    micro_batch_size x the longest where that is under the cap: 2 rows of at most 17 tokens, a cap of 64, counts 34
+    tokens, where 64 rows of 1 token make one packed pass of 64."""
+    from ablate import plan
+
+    passes = plan.packed(torch.ones(64, dtype=torch.long), torch.ones(64, dtype=torch.bool), 1, 64).passes
+    assert max(len(b) for p in passes for b in p) <= memory.largest_micro_batch(2, 64, 17)
 
 
 def test_selective_checkpointing_by_hand():

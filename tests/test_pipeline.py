@@ -138,8 +138,19 @@ def test_a_batch_given_up_at_a_warning_is_started_again_on_resume(monkeypatch):
     for step in (1, 2):
         generator.batch(step)
         generator.publish(policy, step)
+    looks, asked = [], []  # the looks at the engine; (looks so far, the answer) of each time stop() was asked
+    look = generator.pipeline._advance
+    monkeypatch.setattr(generator.pipeline, "_advance", lambda: looks.append(1) or look())
+
+    def stop() -> bool:
+        asked.append((len(looks), 3 in generator.pipeline.started))
+        return asked[-1][1]
+
     with pytest.raises(Interrupted):
-        generator.batch(3, 0.0, lambda: 3 in generator.pipeline.started)
+        generator.batch(3, 0.0, stop)
+    # asked after each look (before the first too), given up at the first yes, with no look after it
+    assert [n for n, _ in asked] == list(range(len(asked))) and [yes for _, yes in asked].index(True) == len(asked) - 1
+    assert asked[-1][0] == len(looks) >= 1
     state = generator.state_dict()
     generator.close()
     started = dict(state["started"])

@@ -47,6 +47,10 @@ def test_a_3d_batch_keeps_its_shape_and_an_empty_one_works():
     targets = torch.randint(0, 50, (4, 6))
     out = precision.fp32_head(hidden.reshape(4, 6, -1), weight, targets, chunk_size=5)
     assert out.shape == (4, 6)
+    for row in range(4):  # each row's log-probs where its targets are: row by row, unchunked, by log_softmax
+        h = hidden.detach().reshape(4, 6, -1)[row]
+        expected = torch.log_softmax(h.double() @ weight.detach().double().T, -1).gather(-1, targets[row, :, None])
+        torch.testing.assert_close(out[row].detach().double(), expected[:, 0], rtol=0, atol=1e-5)
     empty = precision.fp32_head(torch.zeros(0, 3, 16), weight, torch.zeros(0, 3, dtype=torch.long))
     assert empty.shape == (0, 3)
 

