@@ -13,10 +13,11 @@ left out, keeps more).
 Another trainer's runs (TRL, verl, any MLflow experiment; curves in a file: CSV, Parquet, JSON Lines, in long
 form, wide, or as W&B's chart export; TensorBoard event files; HF/TRL checkpoints' trainer_state.json; verl's console
 or file logs) are read by a mapping, MAPPING: --reward METRIC (a name or a pattern), --compute
-(step, step*GPU_HOURS_PER_STEP, wall*GPUS, a metric's name, cumsum:METRIC*X), --variant (tag:NAME, param:NAME, name:REGEX), --base
-VARIANT, --r0 REWARD, or --mapping FILE.yaml with those keys. What is left unsaid is inferred where the runs make it
-unambiguous and printed, else refused naming the flag. The files are attached to a new run of the experiment
-(tagged analysis.role=report); the runs read are left as they were. docs/bring-your-own-runs.md.
+(step, step*GPU_HOURS_PER_STEP, wall*GPUS, a metric's name, cumsum:METRIC*X), --variant (tag:NAME, param:NAME,
+name:REGEX), --base VARIANT, --r0 REWARD, or --mapping FILE.yaml with those keys. What is left unsaid is inferred
+where the runs make it unambiguous and printed, else refused naming the flag. --label says how variants are shown
+(short: the part of each name that differs, the default; full; a pattern). The files are attached to a new run of
+the experiment (tagged analysis.role=report); the runs read are left as they were. docs/bring-your-own-runs.md.
 fit: fit one curve. FILE (or - for stdin) holds {"compute": [...], "reward": [...]} and optionally "r0" (the
 pre-RL pass rate; default: the reward at compute 0), "c_min" (points below it are left out; default 1.5/16 of
 the largest compute, the paper's cut of its first 1.5k of 16k GPU-hours; 0 keeps every point after compute 0;
@@ -66,7 +67,8 @@ def _parser() -> argparse.ArgumentParser:
                              "largest, the paper's cut; 0 keeps every point after compute 0)")
     mapping = report.add_argument_group("mapping another trainer's runs (each inferred where unambiguous, and printed)")
     mapping.add_argument("--reward", metavar="METRIC",
-                         help="the validation reward: a metric's name or a pattern (eval_reward, 'val-core/*/reward/*')")
+                         help="the validation reward: a metric's name or a pattern (eval_reward, "
+                              "'val-core/*/reward/*')")
     mapping.add_argument("--compute", metavar="HOW",
                          help="step (the step count), step*X (X GPU-hours a step), wall*G (wall-clock hours since the "
                               "run started x G GPUs), METRIC (a cumulative metric, counted from each run's first "
@@ -150,8 +152,8 @@ def _report(args):
     if sweeps_of(args.experiment, uri):
         if mapped or args.label is not None:
             raise MappingError(f"experiment {args.experiment} holds runs ablate logged, read by their tags (--sweep "
-                               "picks a sweep); --reward, --compute, --variant, --base, --r0, --label and --mapping are "
-                               "for another trainer's runs")
+                               "picks a sweep); --reward, --compute, --variant, --base, --r0, --label and --mapping "
+                               "are for another trainer's runs")
         return make_report(args.experiment, tracking_uri=uri, out_dir=args.out, sweep=args.sweep, c_min=args.c_min)
     if args.sweep is not None:
         raise MappingError("--sweep picks among ablate's sweeps; with a mapping (or runs ablate did not log), "

@@ -145,6 +145,12 @@ MUTATIONS = [
              "        elif p < futility:", "        elif p < futility and False:",
              (f"{T_ADAPT}::test_a_null_pair_settles_on_futility_at_no_claim_and_a_margin_settles_it_sooner",)),
     # ---- the requeue ---------------------------------------------------------------------------------------------
+    Mutation("validation's time counted in the next step", "ablate/trainer.py",
+             "                tick = time.perf_counter()  # validation's time is not the next step's "
+             "(docs/training.md)\n",
+             "                pass\n",
+             ("tests/test_trainer.py::test_validation_is_counted_apart_from_the_laws_compute",),
+             why="the trainer's clock moved 1,000 s on by each validation: the step after one would hold them"),
     Mutation("a second stop at one step requeues again", "ablate/trainer.py",
              "again = state.requeued_at == state.step", "again = False",
              ("tests/test_resume.py::test_a_run_stopped_twice_at_the_same_step_fails_instead_of_requeueing_for_ever",)),

@@ -45,8 +45,8 @@ def wandb_time_axis(tmp_path, _):
     rows = []
     for v in LAWS:
         for s, r in zip(STEPS, reward(v)):
-            row = {axis: starts[v] + s * SECONDS_PER_STEP} | {f"{v} - eval/reward{x}": r for x in ("", "__MIN", "__MAX")}
-            rows.append(row)
+            rows.append({axis: starts[v] + s * SECONDS_PER_STEP}
+                        | {f"{v} - eval/reward{x}": r for x in ("", "__MIN", "__MAX")})
     rows.sort(key=lambda row: row[axis])
     with path.open("w", newline="") as fh:
         writer = csv.writer(fh, quoting=csv.QUOTE_ALL)
@@ -75,7 +75,8 @@ def hf_state(tmp_path, _):
                    for s, r in zip(STEPS, reward(v))]
         folder = tmp_path / "runs" / v / "checkpoint-100"
         folder.mkdir(parents=True)
-        TrainerState(log_history=history, global_step=100, max_steps=100).save_to_json(str(folder / "trainer_state.json"))
+        state = TrainerState(log_history=history, global_step=100, max_steps=100)
+        state.save_to_json(str(folder / "trainer_state.json"))
     return ["--hf-state", str(tmp_path / "runs")]
 
 

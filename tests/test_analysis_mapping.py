@@ -283,7 +283,8 @@ def test_variants_by_tag_param_and_name_pattern():
 def test_a_run_without_a_step_0_reward_needs_r0_and_gets_it_from_the_flag():
     late = {"eval_reward": ([10, 20, 30, 40, 50], RISING[1:])}
     runs = [_run("base", late), _run("other", late)]
-    with pytest.raises(MappingError, match=r"no eval_reward at step 0 \(compute 0\) in the runs of base, other: .*--r0 VALUE"):
+    with pytest.raises(MappingError,
+                       match=r"no eval_reward at step 0 \(compute 0\) in the runs of base, other: .*--r0 VALUE"):
         curves(runs, resolve(runs, Mapping(base="base")))
     resolved = resolve(runs, Mapping(base="base", r0=0.1))
     out = curves(runs, resolved)
