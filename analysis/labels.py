@@ -84,15 +84,24 @@ def labels_for(names: list[str], how: str | None = None) -> dict[str, str]:
         raise LabelError(f"--label {how}: not full, short or a regular expression ({err})") from None
     out = {}
     for name in unique:
-        found = pattern.search(name)
-        if found is None:
+        part = pattern_part(pattern, name)
+        if part is None:
             raise LabelError(f"--label {how}: variant {name} does not match")
-        out[name] = (found.group(1) if pattern.groups else found.group(0)) or name
+        out[name] = part or name
     clash = next((label for label in out.values() if list(out.values()).count(label) > 1), None)
     if clash is not None:
         both = [n for n, label in out.items() if label == clash]
         raise LabelError(f"--label {how}: {both[0]} and {both[1]} would both be shown as {clash}")
     return out
+
+
+def pattern_part(pattern: re.Pattern, text: str) -> str | None:
+    """The part of `text` a pattern picks (--label's, --variant name:'s): its first group where it has groups, else
+    its whole match ("" where the group took no part); None where it does not match."""
+    found = pattern.search(text)
+    if found is None:
+        return None
+    return (found.group(1) or "") if pattern.groups else found.group(0)
 
 
 def labels_line(labels: dict[str, str]) -> str | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.labels import short_labels
+from analysis.labels import pattern_part, short_labels
 from analysis.law import fmt_compute
 from analysis.runs import AnalysisError, RunCurve
 from analysis.sources import Series, SourceRun
@@ -179,20 +179,21 @@ def resolve(runs: list[SourceRun], mapping: Mapping = Mapping(), source: str = "
 
 def curves(runs: list[SourceRun], resolved: Resolved) -> list[RunCurve]:
     """The runs the mapping kept as the report's curves: the reward at its steps, compute at the same steps."""
-    out = []
+    out, origins = [], []
     for run in runs:
         if run.id not in resolved.reward:
             continue
         reward = run.history(resolved.reward[run.id])
-        compute = _compute_at(run, reward, resolved.compute)
+        compute, origin = _compute_at(run, reward, resolved.compute)
+        if origin > 0:
+            origins.append(origin)
         out.append(RunCurve(run_id=run.id, run_name=run.name, variant=resolved.variants[run.id], axis="",
                             choice="", signature="", status=run.status, sweep="none", parent_run_id=None,
                             step=reward.step, compute=compute, pass_rate=reward.value,
                             last_step=int(reward.step.max(initial=0)), unit=resolved.compute.unit))
     _check_points(out, resolved)
-    origins = _origins(runs, resolved)
-    if origins is not None:
-        resolved.said.append(origins)
+    if origins:
+        resolved.said.append(_origins_line(origins, resolved.compute))
     return _with_r0(out, resolved)
 
 
@@ -349,11 +350,12 @@ def _looks_cumulative(steps: np.ndarray, values: np.ndarray) -> bool:
     return values[-1] / values[0] >= 0.5 * steps[-1] / steps[0]
 
 
-def _compute_at(run: SourceRun, reward: Series, compute: Compute) -> np.ndarray:
-    """The compute at each of the reward's steps (step 0 is compute 0); a MappingError where it goes backwards."""
+def _compute_at(run: SourceRun, reward: Series, compute: Compute) -> tuple[np.ndarray, float]:
+    """The compute at each of the reward's steps (step 0 is compute 0), and the origin taken off a metric axis that
+    does not start at 0 (0.0 where none was); a MappingError where it goes backwards."""
     steps = reward.step
     if compute.kind == "step":
-        return steps.astype(float) * compute.scale
+        return steps.astype(float) * compute.scale, 0.0
     if compute.kind == "wall":
         if reward.time is None:
             raise MappingError(f"--compute wall*GPUS: run {run.name}'s points carry no times (a file needs a time "
@@ -362,14 +364,14 @@ def _compute_at(run: SourceRun, reward: Series, compute: Compute) -> np.ndarray:
         hours = np.maximum(reward.time - start, 0.0) / 3600.0
         hours = np.where(steps == 0, 0.0, hours)
         _forward(run, steps, hours, "the wall clock")
-        return hours * compute.scale
+        return hours * compute.scale, 0.0
     logged = run.history(compute.name)
     if compute.kind == "cumsum":  # steps 1..s cost the sum of their figures; step 0 (before training) none
         trained = logged.step > 0
         known_steps = np.append(0, logged.step[trained])
         known = np.append(0.0, np.cumsum(logged.value[trained]) * compute.scale)
         _covers(run, compute, known_steps, steps)
-        return np.interp(steps, known_steps, known)
+        return np.interp(steps, known_steps, known), 0.0
     _forward(run, logged.step, logged.value, compute.name)
     if logged.value.size > 2 and not logged.value[-1] > logged.value[0]:
         raise MappingError(f"run {run.name}: {compute.name} does not grow ({fmt_compute(float(logged.value[0]))} at "
@@ -382,8 +384,8 @@ def _compute_at(run: SourceRun, reward: Series, compute: Compute) -> np.ndarray:
     _covers(run, compute, known_steps, steps)
     at = np.interp(steps, known_steps, known)
     if steps.size and logged.step.size and logged.step[0] <= steps[0] and at[0] > 0:
-        at = at - at[0]  # an axis that does not start at 0 (a clock's seconds, a counter): from the run's first point
-    return at
+        return at - at[0], float(at[0])  # an axis not starting at 0 (a clock, a counter): from the first point
+    return at, 0.0
 
 
 def _covers(run: SourceRun, compute: Compute, known_steps: np.ndarray, steps: np.ndarray) -> None:
@@ -393,28 +395,13 @@ def _covers(run: SourceRun, compute: Compute, known_steps: np.ndarray, steps: np
                            f"on to step {int(outside.max())}; compute must cover every reward point")
 
 
-def _origins(runs: list[SourceRun], resolved: Resolved) -> str | None:
-    """The line saying where a metric axis was taken from each run's first point (None where none was)."""
-    if resolved.compute.kind != "metric":
-        return None
-    moved = []
-    for run in runs:
-        if run.id not in resolved.reward:
-            continue
-        steps = run.history(resolved.reward[run.id]).step
-        logged = run.history(resolved.compute.name)
-        first = int(steps.min()) if steps.size else 0
-        if logged.step.size and logged.step[0] <= first:
-            at = float(np.interp(first, logged.step, logged.value)) * resolved.compute.scale
-            if at > 0:
-                moved.append(at)
-    if not moved:
-        return None
+def _origins_line(moved: list[float], compute: Compute) -> str:
+    """The line saying a metric axis was counted from each run's first point, and by how much (`moved`: each such
+    run's origin)."""
     span = fmt_compute(min(moved)) if min(moved) == max(moved) else \
         f"{fmt_compute(min(moved))} to {fmt_compute(max(moved))}"
-    return (f"compute: {resolved.compute.name} does not start at 0 ({span} {resolved.compute.unit} at the first point "
-            f"of {len(moved)} run{'s' if len(moved) > 1 else ''}): counted from each run's first point, whose reward "
-            "is R0")
+    return (f"compute: {compute.name} does not start at 0 ({span} {compute.unit} at the first point of {len(moved)} "
+            f"run{'s' if len(moved) > 1 else ''}): counted from each run's first point, whose reward is R0")
 
 
 def _forward(run: SourceRun, steps: np.ndarray, values: np.ndarray, name: str) -> None:
@@ -441,10 +428,10 @@ def _variants(runs: list[SourceRun], said_variant: str | None, said: list[str]) 
                 raise MappingError(f"--variant {said_variant}: not a regular expression ({err})") from None
             found = {}
             for run in runs:
-                m = pattern.search(run.name)
-                if m is None:
+                part = pattern_part(pattern, run.name)
+                if part is None:
                     raise MappingError(f"--variant {said_variant}: run {run.name} does not match")
-                found[run.id] = m.group(1) if pattern.groups else m.group(0)
+                found[run.id] = part
             return found
         held = {run.id: (run.tags if kind == "tag" else run.params).get(key) for run in runs}
         lacking = [run.name for run in runs if held[run.id] is None]

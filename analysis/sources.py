@@ -46,9 +46,13 @@ class SourceRun:
     params: dict = field(default_factory=dict, repr=False)
     status: str = "FINISHED"
     start_time: float | None = None  # seconds since the epoch (MLflow's run start), None where unknown
+    loaded: dict = field(default_factory=dict, repr=False, compare=False)  # name -> Series, each loaded once
 
     def history(self, name: str) -> Series:
-        return self.load(name)
+        """The metric `name`, loaded at its first call (an MLflow source's fetch) and kept for the next."""
+        if name not in self.loaded:
+            self.loaded[name] = self.load(name)
+        return self.loaded[name]
 
 
 def series_of(points) -> Series:
