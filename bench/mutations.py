@@ -174,6 +174,18 @@ MUTATIONS = [
              'if any(key == name or key.endswith(("/" + name, "." + name)) for name in names):',
              "if any(key == name for name in names):",
              (f"{T_MAP}::test_a_step_cost_param_is_known_under_a_prefix_of_its_config_and_by_its_whole_name_only",)),
+    Mutation("a late-starting axis not counted from its first point", "analysis/mapping.py",
+             "return at - at[0], float(at[0])", "return at, 0.0",
+             (f"{T_MAP}::test_a_clock_axis_that_starts_late_is_counted_from_each_runs_first_point",
+              "tests/test_analysis_forms.py")),
+    Mutation("a per-step metric's missing steps summed over", "analysis/mapping.py",
+             "        if gaps.size:\n", "        if False:\n",
+             (f"{T_MAP}::test_a_running_sum_of_a_per_step_metric_by_hand_and_its_refusals",)),
+    Mutation("the A/B plot on matplotlib's constrained layout", "analysis/plots.py",
+             "margins=dict(left=left, right=0.98, wspace=0.06,", "margins=None and dict(left=left, right=0.98, "
+             "wspace=0.06,",
+             ("tests/test_analysis_labels.py::"
+              "test_the_ab_plot_keeps_its_panels_and_the_overview_its_titles_apart_whatever_the_names",)),
     Mutation("an epoch-seconds time column read as ms", "analysis/tables.py",
              "    elif _is_number(cell):\n        return float(cell)\n",
              "    elif _is_number(cell):\n        return float(cell) / 1000\n",
