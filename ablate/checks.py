@@ -373,11 +373,28 @@ def model_shape(model: DictConfig):
     return Shape.of(model_config(model))
 
 
+def largest_pass(cfg: DictConfig, tokenizer=None) -> tuple[int, int, bool]:
+    """The trainer's largest pass as its learner plans it on a GPU, every row at its longest (memory.longest_row, the
+    interruption's phrase in `tokenizer`'s tokens): its tokens, a row's longest, and whether it is packed
+    (policy.packs_rows: then up to its token budget, `memory.packed_pass_tokens`; else padded,
+    `memory.largest_micro_batch`)."""
+    import torch
+
+    from ablate import memory
+    from ablate.policy import compute_dtype, packs_rows
+
+    row_tokens = memory.longest_row(cfg.generation, phrase_tokens=phrase_tokens(cfg, tokenizer))
+    rows, cap = int(cfg.train.micro_batch_size), int(cfg.train.micro_batch_tokens or 0)
+    packed = packs_rows(cfg.run.get("packed_rows"), torch.device("cuda"), compute_dtype(cfg.model))
+    return (memory.packed_pass_tokens if packed else memory.largest_micro_batch)(rows, cap, row_tokens), row_tokens, \
+        packed
+
+
 def layout_memory(cfg: DictConfig, gpu_gb: float, tokenizer=None) -> list:
     """Each kind of process of the run's layout on its GPU at its peak (ablate.memory.Process, in bytes): trainer
     rank 0 (with the generator's engine when it has no process of its own), another trainer rank, an engine
-    process; every row at its longest, the interruption's phrase in `tokenizer`'s tokens included (`phrase_tokens`).
-    Why these parts: docs/design.md#the-memory-model."""
+    process; a trainer at its largest pass (`largest_pass`; packed in bf16 or fp16, with FlashAttention's varlen
+    backward) with its `memory.margin`. Why these parts: docs/design.md#the-memory-model."""
     import torch
     from hydra.utils import get_object
 
@@ -386,10 +403,10 @@ def layout_memory(cfg: DictConfig, gpu_gb: float, tokenizer=None) -> list:
     shape = model_shape(cfg.model)
     compute, head = (getattr(torch, str(name)).itemsize for name in (cfg.model.dtype, cfg.precision.head_dtype))
     n, g = int(cfg.run.trainer_gpus), int(cfg.run.get("generator_gpus", 0))
-    row_tokens = memory.longest_row(cfg.generation, phrase_tokens=phrase_tokens(cfg, tokenizer))
-    tokens = memory.largest_micro_batch(int(cfg.train.micro_batch_size), int(cfg.train.micro_batch_tokens or 0),
-                                        row_tokens)
-    rank = dict(ranks=n, micro_tokens=tokens, compute=compute, head=head,
+    tokens, row_tokens, packed = largest_pass(cfg, tokenizer)
+    # varlen's scratch grows by 128 rows of padding a row: counted for a pass of rows at their longest (the fewest)
+    varlen_rows = -(-tokens // row_tokens) if packed and compute < 4 else 0
+    rank = dict(ranks=n, micro_tokens=tokens, compute=compute, head=head, varlen_rows=varlen_rows,
                 sharded_gradients=bool(cfg.run.get("sharded_gradients", True)))
     generator = get_object(str(cfg.generator._target_))
     beside = {}  # trainer rank 0's engine, where it has no process of its own
@@ -397,20 +414,24 @@ def layout_memory(cfg: DictConfig, gpu_gb: float, tokenizer=None) -> list:
         if n > 1:  # FSDP's rank 0 keeps the policy whole for the engine beside it and validation (layouts.FSDP)
             beside["whole copy of the policy (fp32)"] = 4 * shape.params
         beside.update(generator.engine_memory(cfg, shape, gpu_gb * memory.GB, processes=0, row_tokens=row_tokens))
+    fsdp = (memory.FSDP_GROUP,) if n > 1 else ()
 
     def trainers(checkpointed: int) -> list:
         first = memory.trainer(shape, **rank, checkpointing=checkpointed, name="trainer rank 0")
         first.bytes.update(beside)
+        first.bytes.update(memory.margin(first.bytes, groups=fsdp + ((memory.WEIGHTS_GROUP,) if g else ())))
         if n == 1:
             return [first]
-        return [first, memory.trainer(shape, **rank, checkpointing=checkpointed, name="each other trainer rank")]
+        other = memory.trainer(shape, **rank, checkpointing=checkpointed, name="each other trainer rank")
+        other.bytes.update(memory.margin(other.bytes, groups=fsdp))
+        return [first, other]
 
     setting = cfg.train.activation_checkpointing
-    if setting == "auto":  # the fewest layers recomputed for the trainers to fit, with a margin
+    if setting == "auto":  # the fewest layers recomputed for the trainers to fit, their margin included
         checkpointed, fits = memory.fewest_checkpointed(
             shape.layers, lambda k: max(p.total for p in trainers(k)), gpu_gb * memory.GB)
-        why = (f"auto: the fewest that fit {gpu_gb:g} GB with {memory.AUTO_MARGIN:.0%} to spare" if fits else
-               f"auto: the least memory, and no count fits {gpu_gb:g} GB with {memory.AUTO_MARGIN:.0%} to spare")
+        why = (f"auto: the fewest that fit {gpu_gb:g} GB with the margin" if fits else
+               f"auto: the least memory, and no count fits {gpu_gb:g} GB with the margin")
     else:
         checkpointed = memory.checkpointed_layers(setting, shape.layers)
         why = f"train.activation_checkpointing={str(setting).lower()}"
@@ -453,8 +474,9 @@ def gpu_memory_gb(cfg: DictConfig, cluster: str) -> float | None:
 
 def check_memory(cfg: DictConfig, gpu_gb: float | None, tokenizer=None) -> list:
     """Fail at once, in one line, when a process of the layout would not fit a GPU of `gpu_gb` GB by the memory
-    model, summing its parts and naming the one that takes the room and the setting that gives it back
-    (memory.Process.overflow). `tokenizer`: the policy's, where the caller has it (`layout_memory` counts the
+    model, its margin included, summing its parts and naming the one that takes the room and the setting that gives
+    it back (memory.Process.overflow; a trainer's activations: the train.micro_batch_tokens that fits,
+    `fitting_micro_batch_tokens`). `tokenizer`: the policy's, where the caller has it (`layout_memory` counts the
     interruption's phrase in it). Returns the estimate (nothing to check: [])."""
     if not gpu_gb:
         return []
@@ -463,11 +485,45 @@ def check_memory(cfg: DictConfig, gpu_gb: float | None, tokenizer=None) -> list:
     processes = layout_memory(cfg, gpu_gb, tokenizer)
     for process in processes:
         if process.total > gpu_gb * 1e9:
+            fix = None
+            if process.takes_the_room()[0] == "activations":  # the settings that free a trainer's room, sized
+                most = fitting_micro_batch_tokens(cfg, gpu_gb, tokenizer)
+                fixes = [(f"set train.micro_batch_tokens={most} or less (the most that fits, in steps of "
+                          f"{MICRO_BATCH_STEP:,})")] if most else []
+                if cfg.train.activation_checkpointing != "auto" and process.checkpointed != \
+                        model_shape(cfg.model).layers - 1:  # every layer but the last: the least memory
+                    fixes.append("set train.activation_checkpointing=auto (the fewest layers recomputed that fit, "
+                                 "or the least memory)")
+                fixes.append("shard the state over more trainer GPUs (run.trainer_gpus)")
+                fix = ", ".join(fixes[:-1]) + (", or " if len(fixes) > 1 else "") + fixes[-1]
             layout = layout_name(int(cfg.run.trainer_gpus), int(cfg.run.get("generator_gpus", 0)))
             raise ValueError(f"{layout} does not fit a GPU of {gpu_gb:g} GB (launcher.gpu_memory_gb): "
-                             f"{process.overflow(gpu_gb * 1e9)}" + (f"; {process.note}" if process.note else "")
+                             f"{process.overflow(gpu_gb * 1e9, fix)}"
+                             + (f"; {process.note}" if process.note else "")
                              + "; by the memory model, docs/design.md#the-memory-model")
     return processes
+
+
+MICRO_BATCH_STEP = 1024  # train.micro_batch_tokens as the refusal sizes it: a multiple of this
+
+
+def fitting_micro_batch_tokens(cfg: DictConfig, gpu_gb: float, tokenizer=None) -> int:
+    """The largest train.micro_batch_tokens, a multiple of `MICRO_BATCH_STEP` below the pass the layout holds now,
+    at which every trainer process (those with activations) fits a GPU of `gpu_gb` GB by the memory model
+    (`layout_memory`; the engines' processes do not depend on it); 0 where none does (a pass of one row at its
+    longest, the least a cap leaves, does not fit). Bisection: a trainer's peak grows with the cap."""
+    from omegaconf import OmegaConf
+
+    def fits(steps: int) -> bool:
+        capped = OmegaConf.merge(cfg, {"train": {"micro_batch_tokens": steps * MICRO_BATCH_STEP}})
+        processes = layout_memory(capped, gpu_gb, tokenizer)
+        return all(p.total <= gpu_gb * 1e9 for p in processes if "activations" in p.bytes)
+
+    fitting, over = 0, -(-largest_pass(cfg, tokenizer)[0] // MICRO_BATCH_STEP)  # a cap at or over the pass: no less
+    while over - fitting > 1:
+        middle = (fitting + over) // 2
+        fitting, over = (middle, over) if fits(middle) else (fitting, middle)
+    return fitting * MICRO_BATCH_STEP
 
 
 def auto_checkpointed(cfg: DictConfig, gpu_gb: float | None, tokenizer=None) -> int:

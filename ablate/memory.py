@@ -105,16 +105,13 @@ def activation_bytes(shape: Shape, *, checkpointed: int, compute: int) -> int:
                                                                                                         compute)
 
 
-AUTO_MARGIN = 0.05  # the share of a GPU that train.activation_checkpointing=auto leaves beside the estimate
-
-
 def fewest_checkpointed(layers: int, peak: Callable[[int], float], gpu_bytes: float) -> tuple[int, bool]:
     """train.activation_checkpointing=auto: the fewest of `layers` decoder layers to recompute for the estimated
-    peak (`peak(k)`, bytes with k recomputed) to fit a GPU of `gpu_bytes` with `AUTO_MARGIN` of it left over, and
+    peak (`peak(k)`, bytes with k recomputed, the margin of `margin` among them) to fit a GPU of `gpu_bytes`, and
     True; where no count fits, the count of the least peak (every layer but the last, `activation_bytes`) and
     False."""
     counts = range(layers + 1)
-    fits = [k for k in counts if peak(k) <= (1 - AUTO_MARGIN) * gpu_bytes]
+    fits = [k for k in counts if peak(k) <= gpu_bytes]
     return (fits[0], True) if fits else (min(counts, key=peak), False)
 
 
@@ -172,11 +169,11 @@ class Process:
         movable = [(name, b) for name, b in self.parts if name in SHRINKS and name not in self.sized]
         return (movable or self.parts)[0]
 
-    def overflow(self, gpu_bytes: float) -> str:
+    def overflow(self, gpu_bytes: float, fix: str | None = None) -> str:
         """Why the process does not fit a GPU of `gpu_bytes`, in one line: its parts summed, the part that takes the
-        room and the setting that gives it back: 'each engine process: vLLM (gpu_memory_utilization) 22.2 + staging
-        copy of the weights 16.1 + ... = 40.1 GB > 36 GB; the part that takes the room: staging copy of the weights,
-        16.1 GB; set generator.weight_transfer=direct ...'."""
+        room and the setting that gives it back (`fix` where the caller sized it, else `SHRINKS`'s): 'each engine
+        process: vLLM (gpu_memory_utilization) 22.2 + staging copy of the weights 16.1 + ... = 40.1 GB > 36 GB; the
+        part that takes the room: staging copy of the weights, 16.1 GB; set generator.weight_transfer=direct ...'."""
         shown = [(name, b) for name, b in self.parts if b >= 0.05 * GB]
         rest = self.total - sum(b for _, b in shown)
         terms = [f"{name} {b / GB:,.1f}" for name, b in shown] + ([f"smaller parts {rest / GB:,.2f}"] if rest else [])
@@ -185,7 +182,7 @@ class Process:
             most = math.floor(100 * (gpu_bytes - self.total + size) / gpu_bytes) / 100
             fix = (f"set generator.gpu_memory_utilization={most:.2f} or less (the room the rest leaves it), or unset "
                    "it to size it to that room")
-        else:
+        elif fix is None:
             fix = SHRINKS.get(part, "a GPU with more memory (launcher.gpu_memory_gb) or a smaller model")
         return (f"{self.name}: {' + '.join(terms)} = {self.total / GB:,.1f} GB > {gpu_bytes / GB:g} GB; the part "
                 f"that takes the room: {part}, {size / GB:,.1f} GB; {fix}")
@@ -216,12 +213,44 @@ def micro_batch_tokens(rows: int, cap: int, row_tokens: float) -> float:
 
 def largest_micro_batch(rows: int, cap: int, longest: int) -> int:
     """Tokens of the largest micro-batch, padded, the trainer makes of rows at most `longest` tokens long
-    (ablate.plan.padded's largest pass): `rows` of them, or under the token cap `cap` (0: none) k rows as wide as k x width <=
-    cap allows, or one row alone. Rows shorter than the longest may fill the cap where the longest do not: 4 rows of
-    16,384 tokens fill 65,536 where rows of 16,404 (the interruption's phrase included) go 3 to a micro-batch."""
+    (ablate.plan.padded's largest pass): `rows` of them, or under the token cap `cap` (0: none) k rows as wide as
+    k x width <= cap allows, or one row alone. Rows shorter than the longest may fill the cap where the longest do
+    not: 4 rows of 16,384 tokens fill 65,536 where rows of 16,404 (the interruption's phrase included) go 3 to a
+    micro-batch. A packed learner's passes: `packed_pass_tokens`."""
     if not cap or rows * longest <= cap:
         return rows * longest
     return max([longest, *(k * min(longest, cap // k) for k in range(2, min(rows, cap) + 1))])
+
+
+def packed_pass_tokens(rows: int, cap: int, longest: int) -> int:
+    """Tokens of the largest packed pass the trainer makes of rows at most `longest` tokens long (ablate.plan.packed
+    at Learner.step_plan's budget): the budget, the token cap `cap` where set, else `rows` x the step's longest row
+    (at most `longest`), whatever rows fill it; a row longer than the cap goes alone. More than the padded form's
+    `largest_micro_batch` where the cap is over `rows` x `longest`: 64 rows of 1 token fill a cap of 64 where 2 rows
+    of 17 pad to 34."""
+    return max(cap, longest) if cap else rows * longest
+
+
+def varlen_backward(shape: Shape, *, tokens: float, rows: int, compute: int) -> dict[str, float]:
+    """FlashAttention-2's varlen backward at its peak in one decoder layer, for a packed pass of `tokens` tokens in
+    `rows` rows, in the compute dtype (`compute` bytes: bf16 or fp16, the only ones it takes), part by part as
+    mha_varlen_bwd allocates them (Dao-AILab/flash-attention csrc/flash_attn/flash_api.cpp at v2.8.3, 060c918, and
+    the copy torch builds, aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp, which
+    torch.nn.attention.varlen's backward reaches through aten::_flash_attention_backward): `dq_accum`, fp32
+    [tokens + 128 x rows, heads, head dim rounded up to a multiple of 32 (64 above 128)], and `softmax_d`, fp32
+    [heads, tokens + 128 x rows] (128 rows of padding after each row, FlashAttention's largest block); with grouped
+    K/V, dK and dV expanded to every query head, [tokens, heads, head dim] each in the compute dtype, before their
+    sum over each group; and the dQ, dK and dV it returns. Not deterministic mode's (torch.use_deterministic_algorithms:
+    dq_accum once per split). docs/design.md#the-memory-model."""
+    heads, kv_heads, dim = shape.heads, shape.kv_heads, shape.hidden // shape.heads
+    block = 32 if dim <= 128 else 64
+    padded = tokens + 128 * rows
+    parts = {"varlen attention's backward: fp32 dQ accumulator and softmax sums":
+             4 * padded * heads * (-(-dim // block) * block + 1)}
+    if kv_heads != heads:
+        parts["varlen attention's backward: dK and dV expanded to every head"] = 2 * compute * tokens * heads * dim
+    parts["varlen attention's backward: dQ, dK and dV"] = compute * tokens * (heads + 2 * kv_heads) * dim
+    return parts
 
 
 def head_backward(shape: Shape, *, micro_tokens: float, compute: int, head: int,
@@ -248,7 +277,7 @@ def head_backward(shape: Shape, *, micro_tokens: float, compute: int, head: int,
 
 
 def trainer(shape: Shape, *, ranks: int, micro_tokens: float, checkpointing: bool | int, compute: int, head: int,
-            sharded_gradients: bool = True, name: str = "a trainer rank") -> Process:
+            sharded_gradients: bool = True, varlen_rows: int = 0, name: str = "a trainer rank") -> Process:
     """A trainer rank at its peak, the start of the backward of a micro-batch of `micro_tokens` tokens: fp32
     masters, AdamW's two moments and the fp32 gradients, sharded over `ranks`; under FSDP (ranks > 1) two layers
     gathered in the compute dtype and one layer's gradients before their reduce-scatter (and its fp32 copy for it),
@@ -256,7 +285,9 @@ def trainer(shape: Shape, *, ranks: int, micro_tokens: float, checkpointing: boo
     `head_backward`), and (run.sharded_gradients=false) a whole fp32 gradient; in one process in bf16, autocast's
     copies of the matmuls' weights; the activations (`activation_bytes`; `checkpointing`: every layer recomputed,
     none, or a count of the first layers, `checkpointed_layers`); the LM head's fp32 inputs (the final norm's
-    output) and its backward (`head_backward`; `head` bytes a float of its logits)."""
+    output) and its backward (`head_backward`; `head` bytes a float of its logits); packed, with attention in
+    FlashAttention's varlen kernel, its backward's scratch for a pass of `varlen_rows` rows (`varlen_backward`; 0:
+    none, attention row by row or padded). What the model cannot count tensor by tensor is `margin`'s."""
     n = shape.params
     p = Process(name)
     p.bytes["weights, gradients and AdamW state"] = 16 * n / ranks
@@ -273,6 +304,8 @@ def trainer(shape: Shape, *, ranks: int, micro_tokens: float, checkpointing: boo
     # the head's inputs, the final norm's output over the fp32 residual stream, kept for its backward
     p.bytes["LM head's inputs"] = micro_tokens * shape.hidden * 4
     p.bytes.update(head_backward(shape, micro_tokens=micro_tokens, compute=compute, head=head))
+    if varlen_rows:
+        p.bytes.update(varlen_backward(shape, tokens=micro_tokens, rows=varlen_rows, compute=compute))
     return p
 
 
@@ -316,31 +349,58 @@ def staging_slack(shape: Shape, compute: int) -> float:
 
 VLLM_WORKSPACE = 4 * GB  # vLLM's share beyond its weights and KV cache: its profiled batch's activations, CUDA
 # graphs, the sampler (an estimate, docs/design.md#the-memory-model)
-# An engine process's memory outside vLLM's share (docs/design.md#the-memory-model). The CUDA context, as measured on a
-# lent H200 (2026-11-27, torch 2.11 / CUDA 13, bench/gpu_first.py): 0.99 GB of the device used outside torch's
-# allocator once a process had run a learner, FSDP over NCCL and the fp32 head (its loaded kernels and cuBLAS's
-# workspaces with it); PyTorch's maintainers give ~0.3-0.4 GB for a bare context (pytorch/pytorch#107667, #109888)
+# A process's memory outside torch's tensors (an engine's outside vLLM's share, a trainer's `margin`:
+# docs/design.md#the-memory-model). The CUDA context, as measured on a lent H200 (2026-11-27, torch 2.11 / CUDA 13,
+# bench/gpu_first.py): 0.99 GB of the device used outside torch's allocator once a process had run a learner, FSDP
+# over NCCL and the fp32 head (its loaded kernels and cuBLAS's workspaces with it); PyTorch's maintainers give
+# ~0.3-0.4 GB for a bare context (pytorch/pytorch#107667, #109888)
 CUDA_CONTEXT = 1.0 * GB
-# NCCL's buffers in the weights group (rank 0 and every engine process; broadcasts, which NCCL runs on rings only), as
-# NCCL 2.2x sizes them (src/init.cc, src/transport/p2p.cc): per channel the receiving connection's LL (512 KiB), LL128
-# (4.6875 MiB) and SIMPLE (NCCL_BUFFSIZE, 4 MiB) buffers, 10 MiB in cuMem's 2 MiB granules, and the sending one's 2
-# MiB; for 32 channels, the most NCCL logs show on an 8-GPU H100 node (16-24 collective, 32 peer-to-peer)
+# NCCL's ring buffers of one communicator (the weights group's broadcasts, which NCCL runs on rings only; the FSDP
+# group's all-gathers and reduce-scatters, on rings where not on NVLS), as NCCL 2.2x sizes them (src/init.cc,
+# src/transport/p2p.cc): per channel the receiving connection's LL (512 KiB), LL128 (4.6875 MiB) and SIMPLE
+# (NCCL_BUFFSIZE, 4 MiB by default) buffers, 10 MiB in cuMem's 2 MiB granules, and the sending one's 2 MiB; for 32
+# channels, the most NCCL logs show on an 8-GPU H100 node (16-24 collective, 32 peer-to-peer)
 NCCL_RING = 32 * (10 + 2) * MiB
 # and NVLink SHARP's (NVSwitch nodes; NCCL_NVLS_ENABLE=0: none): NVLS_NCHANNELS (16 on an H100) x 2 x NCCL_STEPS (8)
 # x NCCL_NVLS_CHUNKSIZE (128 KiB) x one head per GPU of the node (8), src/transport/nvls.cc, and a 2 MiB granule of
-# credits. The broadcasts never use it, and NCCL >= 2.22 (NCCL_RUNTIME_CONNECT=1) sets it up at an NVLS algorithm's
-# first use only: counted in case it is set up at init (NCCL_RUNTIME_CONNECT=0, an older NCCL)
+# credits. NCCL >= 2.22 (NCCL_RUNTIME_CONNECT=1) sets it up at an NVLS algorithm's first use: FSDP's all-gathers and
+# reduce-scatters take it on an NVSwitch node; the weights group's broadcasts never do (counted in case it is set up at
+# init: NCCL_RUNTIME_CONNECT=0, an older NCCL)
 NCCL_NVLS = 16 * 2 * 8 * 128 * 1024 * 8 + 2 * MiB
+WEIGHTS_GROUP, FSDP_GROUP = "weights group", "FSDP group"  # the communicators a process of a layout may be in
+
+
+def nccl_buffers(group: str) -> dict[str, float]:
+    """NCCL's buffers on a GPU for one communicator of `group` (`NCCL_RING`, `NCCL_NVLS`: the same sizes whatever
+    the collective, a ring keeping two connections a channel at any scale)."""
+    return {f"NCCL's ring buffers ({group})": NCCL_RING, f"NCCL's NVLS buffers ({group})": NCCL_NVLS}
 
 
 def outside_vllm(*, weights_group: bool = True) -> dict[str, float]:
     """What an engine's process holds outside vLLM's share, whatever it stages: the CUDA context, and in an engine
     process of its own NCCL's buffers of the weights group (beside trainer rank 0 the engine has none of its own)."""
-    parts = {"CUDA context": CUDA_CONTEXT}
-    if weights_group:
-        parts["NCCL's ring buffers (weights group)"] = NCCL_RING
-        parts["NCCL's NVLS buffers (NVSwitch nodes)"] = NCCL_NVLS
-    return parts
+    return {"CUDA context": CUDA_CONTEXT, **(nccl_buffers(WEIGHTS_GROUP) if weights_group else {})}
+
+
+# The caching allocator's fragmentation on a trainer GPU: memory reserved in its segments that no tensor of the pass
+# can take, as a share of the bytes torch's allocator hands out. A figure stated, not measured on this learner
+# (docs/design.md#the-memory-model says why this one and what would measure it); the staging copy's is derived
+# (`staging_slack`)
+FRAGMENTATION = 0.05
+FRAGMENTS = f"caching allocator's fragmentation ({FRAGMENTATION:.0%} of torch's tensors)"
+
+
+def margin(parts: dict[str, float], *, groups: tuple[str, ...]) -> dict[str, float]:
+    """What a trainer process holds beside its tensors' `parts`, which the model cannot count tensor by tensor: the
+    CUDA context (`CUDA_CONTEXT`, measured), NCCL's buffers of each communicator in `groups` (`nccl_buffers`: the FSDP
+    group's on every rank of several, the weights group's on rank 0 with engine processes), and the caching
+    allocator's fragmentation, `FRAGMENTATION` of the bytes torch's allocator holds: every part but those, and but
+    vLLM's share (a pool of vLLM's own, beside a trainer rank 0 with no engine processes)."""
+    outside = {"CUDA context": CUDA_CONTEXT}
+    for group in groups:
+        outside.update(nccl_buffers(group))
+    held = sum(b for name, b in parts.items() if name not in outside and name != VLLM_SHARE)
+    return {**outside, FRAGMENTS: FRAGMENTATION * held}
 
 
 def vllm_engine(*, gpu_bytes: float, utilization: float, weights_group: bool = True) -> dict[str, float]:

@@ -219,7 +219,7 @@ def test_the_memory_model_adds_up_a_trainer_and_a_generator_gpu_by_hand():
     ring, nvls = 32 * 12 * 2**20, 16 * 2 * 8 * 128 * 1024 * 8 + 2 * 2**20
     assert memory.vllm_engine(gpu_bytes=10e9, utilization=0.5) == {
         "vLLM (gpu_memory_utilization)": 5e9, "CUDA context": 1e9, "NCCL's ring buffers (weights group)": ring,
-        "NCCL's NVLS buffers (NVSwitch nodes)": nvls}
+        "NCCL's NVLS buffers (weights group)": nvls}
     assert memory.vllm_engine(gpu_bytes=10e9, utilization=0.5, weights_group=False) == {
         "vLLM (gpu_memory_utilization)": 5e9, "CUDA context": 1e9}
     # unset, vLLM's share: what 12 rows of 1e8 tokens need, 2 x 1,352 + 12 x 1e8 x 32 = 38.4 GB and the 4 GB workspace,

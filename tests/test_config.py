@@ -247,14 +247,15 @@ def test_the_paper_layout_fits_80_gb_gpus_by_the_memory_model(llama_8b):
     assert gpu_memory_gb(cfg, "slurm") == 85.0
     tokenizer = tokenizer_of(cfg.model)  # loaded once for both checks (the phrase's tokens)
     first, other, engine = check_memory(cfg, gpu_memory_gb(cfg, "slurm"), tokenizer)
-    assert first.name == "trainer rank 0" and other.bytes == first.bytes and 60e9 < first.total < 80e9
+    assert first.name == "trainer rank 0" and 60e9 < first.total < 85e9  # its margin in (tests/test_memory.py)
+    assert other.bytes == {part: b for part, b in first.bytes.items() if "weights group" not in part}
     assert first.parts[0][0] == "activations" and engine.total == pytest.approx(85e9)
     beside = sum(b for part, b in engine.bytes.items() if part != "vLLM (gpu_memory_utilization)")
     assert engine.bytes["vLLM (gpu_memory_utilization)"] == pytest.approx(85e9 - beside)
     assert beside - 2 * 8_030_261_248 == pytest.approx(1.81e9, abs=0.005e9)  # the staging copy and 1.81 GB
     whole = check_memory(compose(["experiment=paper_8b", f"model.path={llama_8b}", "run.sharded_gradients=false"]),
                          200.0, tokenizer)[0]
-    assert whole.total - first.total == pytest.approx(4 * 8_030_261_248)
+    assert whole.total - first.total == pytest.approx(1.05 * 4 * 8_030_261_248)  # and its 5% of fragmentation
 
 
 def test_where_the_memory_check_looks_for_the_gpus_memory():
@@ -319,12 +320,12 @@ def test_a_layout_that_does_not_fit_its_gpus_fails_in_the_dry_run_naming_the_gb(
     assert str(refused.value).startswith("run.trainer_gpus=1 + run.generator_gpus=1 does not fit a GPU of 85 GB "
                                          "(launcher.gpu_memory_gb): trainer rank 0: weights, gradients and AdamW "
                                          "state 128.5 + activations 50.2 + ")
-    assert "= 199.3 GB > 85 GB; the part that takes the room: weights, gradients and AdamW state, 128.5 GB; shard " \
+    assert "= 214.0 GB > 85 GB; the part that takes the room: weights, gradients and AdamW state, 128.5 GB; shard " \
            "them over more trainer ranks" in str(refused.value)
     assert "\n" not in str(refused.value)
     assert run_sweep(compose(common), common) == 0
     printed = capsys.readouterr().out
-    assert "9 variants (dry run: nothing submitted)" in printed and "  trainer rank 0: ~73.3 GB of 85 (" in printed
+    assert "9 variants (dry run: nothing submitted)" in printed and "  trainer rank 0: ~82.5 GB of 85 (" in printed
     assert f"model ({llama_8b}): 8.03B parameters, untied embeddings, 131,072 positions; rows of at most 16,404 " \
            "tokens (the interruption's phrase 20 of them)" in printed  # Llama-3.1-8B's 8,030,261,248; 2,048 + 12,288
     # + 2,048 + the phrase in Llama-3's tokens
@@ -386,7 +387,7 @@ def test_validation_is_in_the_memory_check_where_our_engine_decodes_it(llama_8b,
     printed = capsys.readouterr().out
     # vLLM's share sized around what else the GPU holds: 85 - 16.1 - 1.8 = 67.1 GB, and for loo-8op 17.2 less
     # (67,130,509,312 - 8 x 16,404 x 131,072 = 49,929,668,608 bytes: 49.9)
-    outside = "CUDA context 1.0, NCCL's ring buffers (weights group) 0.4, NCCL's NVLS buffers (NVSwitch nodes) 0.3, " \
+    outside = "CUDA context 1.0, NCCL's ring buffers (weights group) 0.4, NCCL's NVLS buffers (weights group) 0.3, " \
               "staging copy's fragmentation 0.1)"
     assert "  each engine process: ~85.0 GB of 85 (vLLM (gpu_memory_utilization) 67.1, staging copy of the weights " \
            f"16.1, {outside}" in printed

@@ -217,7 +217,7 @@ def test_a_single_run_prints_the_memory_estimate_and_the_cost_its_dry_run_prints
     assert title.endswith(": 1 variant (dry run: nothing submitted)") and row.split()[0] == "scalerl"
     assert single.stdout.splitlines() == found
     assert found[0] == "memory per GPU (ablate/memory.py's estimate at the longest rows):"
-    assert found[1].startswith("  trainer rank 0: ~0.1 GB of 80 (")
+    assert found[1].startswith("  trainer rank 0: ~1.1 GB of 80 (CUDA context 1.0, ")  # the tiny model: its margin
     assert found[2].startswith("GPU-hours (ablate/cost.py's estimate: ")
     assert found[3].startswith("  scalerl: 0 GPU-hours (0), 0 s a step, 0.0 h on 1 GPU")  # one run: no sweep total
     assert found[-2].startswith("the side that binds, at half the budget") and found[-1].startswith("  scalerl: ")
