@@ -3,22 +3,26 @@ experiment=paper_8b's optimizer and precision (fp32 master weights, bf16 compute
 
 - learner: seconds per step, MFU (6 x parameters x tokens per second / --peak-tflops; default the GPU kind's dense
   bf16 peak, ablate.cost.PEAK_TFLOPS, 989 for an H100 or H200; on a CPU a measured matmul), peak memory and the
-  share of weights one step changes, for row and token-budget micro-batches, with and without activation
-  checkpointing (its rollouts: random tokens, rewards 0 and 1 in turn, spread lengths);
+  share of weights one step changes, for row and token-budget settings, with and without activation checkpointing
+  (its rollouts: random tokens, rewards 0 and 1 in turn, spread lengths); each row labelled by the plan the learner
+  made of its setting (packed or padded, passes a rank, the most tokens a pass computes) and the attention that ran;
 - paper: the learner at a paper-like step (`paper`: a Llama-3.2-1B-shaped model, a trainer rank's 48 rows of
   lognormal completions up to 8k tokens, passes of at most 65,536 tokens, activation checkpointing), today's plan
   (bench/retired_plan.py's passes, the per-row scorer) beside the packed one (`plan.packed`, PackedScorer), in one
-  process and FSDP-wrapped on a 1-rank process group: tokens/s, 6N-MFU, peak memory, and whether the two forms agree
-  (their log-probs, their train/logprob_gap to a generator's, the weights one step changes and how);
+  process and FSDP-wrapped on a 1-rank process group, eager and with compiled layers (run.compile_layers=true):
+  tokens/s, 6N-MFU, peak memory, whether the forms agree (their log-probs, their train/logprob_gap to a generator's,
+  the weights one step changes and how), which attention ran (a packed form that fell back to the row-by-row path
+  where varlen should run fails), and a compiled form's compile time, graph breaks and recompiles;
 - generators: tokens per second of the hf engine and of vLLM (when installed), R rows x N new tokens; vLLM's sync;
 - whole run: experiment=paper_8b model=llama_1b on the synthetic task: seconds per step, idle and wait fractions,
   and the median bf16 log-prob gap between trainer and generator after the loads (train/logprob_gap).
 
-The learner's "model GB" is the memory model's estimate (ablate/memory.py) beside the measured peak.
+The learner's "model GB" is the memory model's estimate (ablate/memory.py) beside the measured peak. Which attention
+ran is counted in a profile of an untimed pass (`attention_calls`): torch's varlen kernel is a custom op.
 
     python bench/bench_gpu.py                    # on a GPU (vLLM's part needs the vllm extra)
     python bench/bench_gpu.py --small            # on a CPU: a 4-layer model and small shapes, to check it works
-    python bench/bench_gpu.py --parts paper      # the paper-like learner alone (issue 46's GPU target)
+    python bench/bench_gpu.py --parts paper      # the paper-like learner alone (gpu_check.py's second step)
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import gc
 import importlib.util
 import tempfile
 import time
+from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 import retired_plan
@@ -39,7 +45,7 @@ from omegaconf import OmegaConf
 from ablate import cost, plan
 from ablate.config import compose
 from ablate.generators.engine import Engine, Limits, Sequence
-from ablate.policy import Scorer, build_policy, compute_dtype, weights_in
+from ablate.policy import Scorer, build_policy, compute_dtype, packs_rows, weights_in
 from ablate.registry import build
 from ablate.rollouts import Rollouts
 from ablate.trainer import Learner
@@ -83,6 +89,87 @@ def _rollouts(n_rows: int, prompt: int, completion: int, vocab: int, seed: int =
         correct=torch.zeros(n_rows, dtype=torch.bool), truncated=torch.zeros(n_rows, dtype=torch.bool))
 
 
+# --------------------------------------------------------------------- which attention ran, and each form's plan
+# torch's varlen attention is a custom op (torch/nn/attention/varlen.py registers it under these names in torch
+# 2.10, 2.11 and 2.13 alike): a profile counts its calls eager or inside a compiled graph. SDPA's is what a padded
+# pass and the packed form's row-by-row fall-back (`ablate.policy._by_row`) call.
+VARLEN_OPS = ("torch_attn::_varlen_attn", "torch_attn::_varlen_attn_backward")
+SDPA_OP = "aten::scaled_dot_product_attention"
+
+
+def attention_calls(run: Callable[[], object]) -> tuple[object, dict[str, int]]:
+    """`run()`'s result and the attention ops it dispatched, from torch's profiler (CPU activity: each op as it is
+    dispatched, on any device, the backward's on autograd's threads too): {"varlen", "varlen backward", "sdpa"}, the
+    calls of each."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiled:
+        result = run()
+    # one a call: an op that re-dispatches itself (autocast's cast, then the op again) nests an event of its name
+    names = Counter(event.name for event in profiled.events()
+                    if event.cpu_parent is None or event.cpu_parent.name != event.name)
+    return result, {"varlen": names[VARLEN_OPS[0]], "varlen backward": names[VARLEN_OPS[1]], "sdpa": names[SDPA_OP]}
+
+
+def varlen_expected(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a packed pass should attend with torch's varlen kernel here: the project's one rule for it
+    (ablate.policy.packs_rows, unset)."""
+    return packs_rows(None, device, dtype)
+
+
+def attention_verdict(calls: dict[str, int], packed: bool, device: torch.device, dtype: torch.dtype
+                      ) -> tuple[str, bool]:
+    """What attended (`attention_calls`), in words, and whether it is what the form should run here: a packed form
+    varlen alone where the rule says varlen runs (a row-by-row fall-back there is a failure, not a slow result),
+    row by row with SDPA elsewhere; a padded form SDPA."""
+    varlen, sdpa = calls["varlen"], calls["sdpa"]
+    said = f"varlen x{varlen}" + (f" (backward x{calls['varlen backward']})" if calls["varlen backward"] else "")
+    if not packed:
+        return f"padded: SDPA x{sdpa}", varlen == 0 and sdpa > 0
+    if varlen_expected(device, dtype):
+        return (said, sdpa == 0) if varlen else (f"FELL BACK to by row: SDPA x{sdpa}, no varlen", False)
+    return f"by row: SDPA x{sdpa} (varlen: {why_no_varlen(device, dtype)})", varlen == 0 and sdpa > 0
+
+
+def why_no_varlen(device: torch.device, dtype: torch.dtype) -> str:
+    if device.type != "cuda":
+        return f"not available on {device.type}"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return f"not in {str(dtype).removeprefix('torch.')}"
+    return f"not on torch {torch.__version__}"
+
+
+def plan_label(planned: plan.Plan) -> str:
+    """A form's plan in a few words: packed or padded, its passes a rank, the most tokens a pass computes (padded:
+    padding included) and, padded, the most rows a pass holds."""
+    batches = [batch for passes in planned.passes for batch in passes if batch]
+    tokens = max((planned.cost(batch)[0] for batch in batches), default=0)
+    rows = f" x <= {max(len(b) for b in batches)} rows" if planned.form == "padded" and batches else ""
+    count = planned.passes_per_rank
+    return f"{planned.form}: {count} pass{'' if count == 1 else 'es'} of <= {tokens:,} tokens{rows}"
+
+
+def compile_reset() -> None:
+    """dynamo from nothing: no compiled code, no counts, no recorded recompiles."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+
+
+def compile_counts() -> dict[str, object]:
+    """dynamo's counts since `compile_reset` (torch._dynamo.utils.counters): graphs compiled, graph breaks and the
+    first break's reason, recompiles (each a guard that failed: torch._dynamo.guard_failures) and the first's."""
+    import torch._dynamo
+
+    counters = torch._dynamo.utils.counters
+    recompiles = [reason for reasons in torch._dynamo.guard_failures.values() for reason in reasons]
+    breaks = counters["graph_break"]
+    return {"graphs": counters["stats"]["unique_graphs"], "breaks": sum(breaks.values()),
+            "break": str(next(iter(breaks), "")).splitlines()[0] if breaks else "", "recompiles": len(recompiles),
+            "recompile": str(recompiles[0]).splitlines()[0] if recompiles else ""}
+
+
 def _sample(params: list[torch.Tensor], per_tensor: int = 100_000, generator: torch.Generator | None = None
             ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """A fixed sample of each tensor's elements (a full copy of 1B weights would not fit beside AdamW on a CPU); with
@@ -123,12 +210,14 @@ def peak_tflops(args, device: torch.device, dtype: torch.dtype) -> float:
 
 def learner(args, device: torch.device, peak: float) -> None:
     print(f"\nlearner: {args.rows} rows x ({args.prompt} prompt + <= {args.completion} completion) tokens, "
-          f"AdamW at lr 5e-7, peak {peak:.3g} TFLOP/s")
-    print(f"{'micro-batches':<34} {'s/step':>7} {'MFU':>6} {'peak GB':>8} {'model GB':>9} {'weights changed':>16}")
+          f"AdamW at lr 5e-7, peak {peak:.3g} TFLOP/s; each setting's plan as the learner makes it")
+    print(f"{'set':<34} {'plan':<48} {'s/step':>7} {'MFU':>6} {'peak GB':>8} {'model GB':>9} {'weights changed':>16}"
+          f"  attention (its first step)")
     budget = [f"train.micro_batch_tokens={args.token_budget}", "train.micro_batch_size=1024"]
-    # (name, overrides, rows, completion); the long rows: where attention's T^2 terms show, which 1k-token rows hide
-    forms = [("8 rows", ["train.micro_batch_size=8"], args.rows, args.completion),
-             (f"{args.token_budget} tokens", budget, args.rows, args.completion),
+    # (what is set, overrides, rows, completion); the long rows: where attention's T^2 terms show, which 1k-token rows
+    # hide. Packed (CUDA, bf16) the first is one pass of up to paper_8b's 65,536 tokens, not 8 rows a pass
+    forms = [("train.micro_batch_size=8", ["train.micro_batch_size=8"], args.rows, args.completion),
+             (f"{args.token_budget} tokens a pass", budget, args.rows, args.completion),
              (f"{args.token_budget} tokens, rows <= {args.long_completion}", budget, max(args.rows // 8, 2),
               args.long_completion),
              (f"{args.token_budget} tokens + act. checkpointing", [*budget, "train.activation_checkpointing=true"],
@@ -141,23 +230,27 @@ def learner(args, device: torch.device, peak: float) -> None:
         ro = _rollouts(rows, args.prompt, completion, model.policy.config.vocab_size)
         tokens = float(ro.prompt_mask.sum() + ro.lengths.sum())
         keep = torch.ones(ro.n, dtype=torch.bool)
-        times, changed = [], []
-        for step in range(args.learner_steps + 1):  # the first is warm-up
+        planned = model.step_plan(ro.prompt_mask.sum(dim=1) + ro.lengths, ro.mask.any(dim=1))
+        times, changed, calls = [], [], {}
+        for step in range(args.learner_steps + 1):  # the first is warm-up, its attention counted
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             before = _sample(params)
             _sync(device)
             started = time.perf_counter()
-            model.step(ro, ro.rewards, keep)
+            if step:
+                model.step(ro, ro.rewards, keep)
+            else:
+                _, calls = attention_calls(lambda: model.step(ro, ro.rewards, keep))  # noqa: B023
             _sync(device)
             times.append(time.perf_counter() - started)
             changed.append(_changed(params, before))
         seconds = sum(times[1:]) / len(times[1:])
         mfu = 6 * n_params * tokens / seconds / (peak * 1e12)
-        planned = model.step_plan(ro.prompt_mask.sum(dim=1) + ro.lengths, ro.mask.any(dim=1))
-        print(f"{name:<34} {seconds:>7.2f} {mfu:>6.1%} {_peak_gb(device):>8.1f} "
+        said, _ = attention_verdict(calls, model.packed, device, compute_dtype(cfg.model))
+        print(f"{name:<34} {plan_label(planned):<48} {seconds:>7.2f} {mfu:>6.1%} {_peak_gb(device):>8.1f} "
               f"{estimate_bytes(cfg, ro, planned) / 2**30:>9.1f} "
-              f"{' '.join(f'{c:.1%}' for c in changed):>16}", flush=True)
+              f"{' '.join(f'{c:.1%}' for c in changed):>16}  {said}", flush=True)
         del model, params
 
 
@@ -217,10 +310,11 @@ class TodayLearner(Learner):
                                         self.attention)
 
 
-# --paper-forms: (the table's name, learner, packed rows, FSDP on a 1-rank process group)
-PAPER_FORMS = {"today": ("today", TodayLearner, False, False), "packed": ("packed", Learner, True, False),
-               "today-fsdp": ("today, FSDP 1 rank", TodayLearner, False, True),
-               "packed-fsdp": ("packed, FSDP 1 rank", Learner, True, True)}
+# --paper-forms: (the table's name, learner, packed rows, FSDP on a 1-rank process group, compiled layers)
+PAPER_FORMS = {"today": ("today", TodayLearner, False, False, False), "packed": ("packed", Learner, True, False, False),
+               "today-fsdp": ("today, FSDP 1 rank", TodayLearner, False, True, False),
+               "packed-fsdp": ("packed, FSDP 1 rank", Learner, True, True, False),
+               "packed-fsdp-compiled": ("packed, FSDP, compiled", Learner, True, True, True)}
 
 
 def paper_lengths(prompts: int, samples: int, cap: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -329,15 +423,18 @@ def _one_rank(device: torch.device):
 
 
 def _paper_form(args, cfg, key: str, ro: Rollouts, device: torch.device, peak: float) -> dict:
-    """One form of the learner on the rows: its plan's passes, every row's log-probs before the step, the sampled
-    weights' change by one step (from the same initial weights in every form) and its train/logprob_gap, then
-    --paper-steps timed steps (the first one warms up) with their peak memory."""
+    """One form of the learner on the rows: its plan's passes, every row's log-probs before the step (the pass whose
+    attention is counted), the sampled weights' change by one step (from the same initial weights in every form, its
+    loss and train/logprob_gap; it warms up: a compiled form compiles in it) and --paper-steps timed steps after it,
+    with their peak memory; a compiled form's dynamo counts."""
     from ablate.distributed.layouts import FSDP
 
-    name, learner_class, packed, fsdp = PAPER_FORMS[key]
-    cfg = OmegaConf.merge(cfg, {"run": {"packed_rows": packed}})
+    name, learner_class, packed, fsdp, compiled = PAPER_FORMS[key]
+    cfg = OmegaConf.merge(cfg, {"run": {"packed_rows": packed, "compile_layers": compiled}})
     keep = torch.ones(ro.n, dtype=torch.bool, device=device)
     lengths = (ro.prompt_mask.sum(dim=1) + ro.lengths).cpu()
+    if compiled:
+        compile_reset()
     with _one_rank(device) if fsdp else contextlib.nullcontext():
         learner = learner_class(cfg, build_policy(cfg.model, cfg.seed, read_weights=False),
                                 ranks=FSDP(trainer_gpus=1) if fsdp else None)
@@ -346,13 +443,19 @@ def _paper_form(args, cfg, key: str, ro: Rollouts, device: torch.device, peak: f
         n_params = sum(p.numel() for p in learner.policy.parameters())
         before = _sample(_whole(list(learner.policy.parameters())), args.paper_sample,
                          torch.Generator().manual_seed(0))
-        logp = _logprobs(learner.scorer, ro, planned)
+        _sync(device)
+        began = time.perf_counter()
+        logp, calls = attention_calls(lambda: _logprobs(learner.scorer, ro, planned))
+        _sync(device)
+        first = [time.perf_counter() - began]
         metrics = learner.step(ro, ro.rewards, keep)  # from the initial weights, as every form's: compared
+        _sync(device)
+        first.append(time.perf_counter() - began - first[0])
         moved = _moved(list(learner.policy.parameters()), before)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
         times = []
-        for step in range(args.paper_steps + 1):  # the first (from here) warms up
-            if step == 1 and device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats()
+        for _ in range(args.paper_steps):
             _sync(device)
             began = time.perf_counter()
             learner.step(ro, ro.rewards, keep)
@@ -363,12 +466,15 @@ def _paper_form(args, cfg, key: str, ro: Rollouts, device: torch.device, peak: f
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    seconds = sum(times[1:]) / len(times[1:])
+    seconds = sum(times) / len(times)
     tokens = float(lengths.sum())
+    said, right = attention_verdict(calls, packed, device, compute_dtype(cfg.model))
     return {"name": name, "plan": planned, "logp": logp, "moved": moved, "gap": metrics.get("train/logprob_gap"),
-            "seconds": seconds, "tokens_s": tokens / seconds, "mfu": 6 * n_params * tokens / seconds / (peak * 1e12),
-            "peak_gb": _peak_gb(device), "model_gb": estimate_bytes(cfg, ro, planned) / 2**30,
-            "checkpointed": checkpointed_layers, "n_params": n_params}
+            "loss": metrics["loss/policy"], "seconds": seconds, "first": first, "tokens_s": tokens / seconds,
+            "mfu": 6 * n_params * tokens / seconds / (peak * 1e12), "peak_gb": _peak_gb(device),
+            "model_gb": estimate_bytes(cfg, ro, planned) / 2**30, "checkpointed": checkpointed_layers,
+            "n_params": n_params, "attention": said, "attention_ok": right,
+            "compiled": compile_counts() if compiled else None}
 
 
 def _agreement(form: dict, reference: dict, mask: torch.Tensor) -> tuple[float, float, float]:
@@ -411,16 +517,17 @@ def _paper(args, device: torch.device, peak: float, shape: dict, prompt: torch.T
           f"{int(completion.median()):,}, {int((completion >= args.paper_cap).sum())} at the cap), "
           f"{int(lengths.sum()):,} tokens; passes of <= {args.paper_budget:,} tokens (today's: <= "
           f"{args.paper_pass_rows} rows, padded), train.activation_checkpointing={args.paper_checkpointing}, "
-          f"{cfg.model.dtype} compute, peak {peak:.3g} TFLOP/s", flush=True)
-    print(f"{'form':<22} {'passes':>6} {'real/computed':>13} {'s/step':>7} {'tokens/s':>9} {'MFU':>6} {'peak GB':>8} "
-          f"{'model GB':>9} {'logprob gap':>11} {'vs first: mean':>14} {'max':>8} {'weights changed':>15} "
-          f"{'update cos':>10}", flush=True)
+          f"{cfg.model.dtype} compute, peak {peak:.3g} TFLOP/s; 1 step from the initial weights (compared), then "
+          f"{args.paper_steps} timed", flush=True)
+    print(f"{'form':<22} {'plan (a rank)':<44} {'real/computed':>13} {'s/step':>7} {'tokens/s':>9} {'MFU':>6} "
+          f"{'peak GB':>8} {'model GB':>9} {'logprob gap':>11} {'vs first: mean':>14} {'max':>8} "
+          f"{'weights changed':>15} {'update cos':>10}  attention (the log-prob pass)", flush=True)
     results, failed, mask = [], [], ro.mask.cpu()
     for key in args.paper_forms.split(","):
         try:
             form = _paper_form(args, cfg, key, ro, device, peak)
         except Exception as why:  # noqa: BLE001 - one form's failure is a row; the others still run
-            failed.append(key)
+            failed.append(f"{key} raised")
             print(f"{PAPER_FORMS[key][0]:<22} raised {type(why).__name__}: {str(why).splitlines()[0][:160]}",
                   flush=True)
             gc.collect()
@@ -428,26 +535,39 @@ def _paper(args, device: torch.device, peak: float, shape: dict, prompt: torch.T
                 torch.cuda.empty_cache()
             continue
         results.append(form)
+        if not form["attention_ok"]:
+            failed.append(f"{key} attended as it should not here")
         mean, most, cosine = _agreement(form, results[0], mask)
         gap = "-" if form["gap"] is None else f"{form['gap']:.2e}"
-        print(f"{form['name']:<22} {form['plan'].passes_per_rank:>6} {form['plan'].token_efficiency:>13.3f} "
+        print(f"{form['name']:<22} {plan_label(form['plan']):<44} {form['plan'].token_efficiency:>13.3f} "
               f"{form['seconds']:>7.2f} {form['tokens_s']:>9,.0f} {form['mfu']:>6.1%} {form['peak_gb']:>8.1f} "
               f"{form['model_gb']:>9.1f} {gap:>11} {mean:>14.1e} {most:>8.1e} "
-              f"{float((form['moved'] != 0).float().mean()):>15.2%} {cosine:>10.4f}", flush=True)
+              f"{float((form['moved'] != 0).float().mean()):>15.2%} {cosine:>10.4f}  "
+              f"{form['attention']}{'' if form['attention_ok'] else ': FAILED'}", flush=True)
     if results:
         print(f"(1 step changes the weights from the same initial ones in every form; {results[0]['checkpointed']} "
               f"of {shape['num_hidden_layers']} layers recomputed; {results[0]['n_params']:,} parameters)")
     by_name = {form["name"]: form for form in results}
-    for new, old in (("packed", "today"), ("packed, FSDP 1 rank", "today, FSDP 1 rank")):
+    for new, old in (("packed", "today"), ("packed, FSDP 1 rank", "today, FSDP 1 rank"),
+                     ("packed, FSDP, compiled", "packed, FSDP 1 rank")):
         if new in by_name and old in by_name:
             mean, most, cosine = _agreement(by_name[new], by_name[old], mask)
             gaps = [by_name[n]["gap"] for n in (new, old)]
             print(f"{new} vs {old}: x{by_name[new]['tokens_s'] / by_name[old]['tokens_s']:.2f} tokens/s; log-probs "
                   f"mean |diff| {mean:.1e}, max {most:.1e}; logprob gap {gaps[0] or 0:.2e} vs {gaps[1] or 0:.2e}; "
                   f"weights changed {float((by_name[new]['moved'] != 0).float().mean()):.2%} vs "
-                  f"{float((by_name[old]['moved'] != 0).float().mean()):.2%}, update cosine {cosine:.4f}", flush=True)
+                  f"{float((by_name[old]['moved'] != 0).float().mean()):.2%}, update cosine {cosine:.4f}; loss "
+                  f"{by_name[new]['loss']:.6g} vs {by_name[old]['loss']:.6g}", flush=True)
+    for form in results:
+        if form["compiled"] is not None:
+            counts, (logprob_s, step_s) = form["compiled"], form["first"]
+            breaks = f" (the first: {counts['break']})" if counts["breaks"] else ""
+            recompiles = f" (the first: {counts['recompile']})" if counts["recompiles"] else ""
+            print(f"{form['name']}: the first log-prob pass {logprob_s:.1f} s and step {step_s:.1f} s (compiling), "
+                  f"then {form['seconds']:.2f} s a step; {counts['graphs']} graphs, {counts['breaks']} graph breaks"
+                  f"{breaks}, {counts['recompiles']} recompiles{recompiles}", flush=True)
     if failed:
-        raise SystemExit(f"paper: {', '.join(failed)} raised (above)")
+        raise SystemExit(f"paper: {'; '.join(failed)} (above)")
 
 
 def generators(args, device: torch.device) -> None:
@@ -562,9 +682,10 @@ def main() -> None:
     parser.add_argument("--paper-pass-rows", type=int, default=8, help="paper: rows a pass of today's plan, at most")
     parser.add_argument("--paper-checkpointing", default="true",
                         help="paper: train.activation_checkpointing (true, false, a count, auto)")
-    parser.add_argument("--paper-steps", type=int, default=2, help="paper: timed steps a form, after one warm-up")
+    parser.add_argument("--paper-steps", type=int, default=2, help="paper: timed steps a form, after the one "
+                        "from the initial weights (which warms up, and compiles a compiled form)")
     parser.add_argument("--paper-forms", default=",".join(PAPER_FORMS), help="paper: which forms, in order (the "
-                        "first is the one the others are compared with)")
+                        f"first is the one the others are compared with): {', '.join(PAPER_FORMS)}")
     parser.add_argument("--paper-sample", type=int, default=20_000, help="paper: weights sampled a tensor")
     parser.add_argument("--gen-rows", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=512)
