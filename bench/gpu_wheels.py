@@ -1,33 +1,27 @@
 """Wheels for a lent GPU machine that has no network: what the project needs there beyond what its image holds.
 
 Owns the list of what the image holds (IMAGE), the set of wheels that completes it for the project (`base`: the
-runtime dependencies at the versions .venv has, so the GPU runs test what CI tests) and for vLLM (`vllm`: 0.26.0, the
-release that pins the image's torch), the check that every wheel's needs are met, and for vLLM the plan that carries
-its wheels in pieces, one device call each. Run it here, on the CPU machine, with the project's venv:
+runtime dependencies at the versions .venv has, so the GPU runs test what CI tests) and the check that every wheel's
+needs are met. Run it here, on the CPU machine, with the project's venv:
 
     .venv/bin/python bench/gpu_wheels.py base --out .whl            # then carry .whl in the device call
-    .venv/bin/python bench/gpu_wheels.py vllm --out .whl-vllm       # pieces .whl-vllm/01, 02, ... and the commands
-    .venv/bin/python bench/gpu_wheels.py vllm --out .whl-vllm --dry-run   # the plan from the index's metadata
 
-docs/testing.md ("On a machine with a GPU and no network") says how the device uses them, with the figures.
+docs/testing.md ("On a machine with a GPU and no network") says how the device uses them, with the figures. vLLM has
+no set here: its plan (vLLM 0.26 in 17 pieces, one device call each) is retired; vLLM 0.32 on CUDA is first checked
+by the cluster's first smoke job (docs/testing.md#where-vllm-on-cuda-is-first-checked).
 """
 
 from __future__ import annotations
 
 import argparse
 import email
-import functools
 import importlib.metadata as md
 import io
-import json
 import re
 import subprocess
 import sys
-import tempfile
 import time
 import tomllib
-import urllib.error
-import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -68,18 +62,13 @@ TARGET = {"python_version": "3.12", "python_full_version": "3.12.3", "implementa
           "platform_machine": "x86_64", "os_name": "posix", "extra": ""}
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux2010_x86_64",
              "manylinux1_x86_64", *[f"manylinux_2_{n}_x86_64" for n in range(5, 40) if n not in (17, 28)]]
-INDEX = "https://pypi.org/simple"
 PIP_TARGET = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
               *[arg for p in PLATFORMS for arg in ("--platform", p)]]
 SDISTS = {"antlr4-python3-runtime"}  # no wheel of 4.9.3 (what hydra-core 1.3 and omegaconf 2.3 pin)
 # the test run's --timeout (pyproject's addopts), where the image lacked it; quicktok-v1, the real vocabularies of
 # tests/real_models.py, which gpu_check's CUDA-following step collects (test_precision's Llama-3-shaped folder)
 EXTRA_ROOTS = ["pytest-timeout", "quicktok-v1"]
-VLLM = "vllm==0.26.0"
 CALL_MIB = 64  # what one device call carries: the working tree and the carried folders together
-PIECE_MB = 55  # a vLLM piece, leaving room for the working tree
-# Run where the pieces lie: each cut wheel joined from its parts (name.whl.part00, .part01, ...), in order.
-JOIN = "for p in *.part00; do [ -e $p ] || continue; w=${p%.part00}; cat $w.part* > $w && rm $w.part*; done"
 
 
 def norm(name: str) -> str:
@@ -140,39 +129,6 @@ def from_venv(name: str, spec: SpecifierSet) -> tuple[str, list[str]]:
     return dist.version, dist.requires or []
 
 
-def resolve(root: str, constraints: dict[str, str]) -> dict[str, dict]:
-    """pip's resolution of `root` for the GPU machine's Python (a dry run: the index's metadata, and the wheels that
-    have none beside them): name -> the report's item (metadata, download_info)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "c.txt").write_text("".join(f"{n}=={v}\n" for n, v in constraints.items()))
-        pip("install", "--dry-run", "--ignore-installed", "--report", f"{tmp}/r.json", "--target", f"{tmp}/t",
-            *PIP_TARGET, "-c", f"{tmp}/c.txt", root)
-        return {norm(i["metadata"]["name"]): i for i in json.loads(Path(f"{tmp}/r.json").read_text())["install"]}
-
-
-def resolve_vllm(base_pins: dict[str, str]) -> dict[str, dict]:
-    """vLLM's resolution, at the image's and the base set's versions wherever every need seen in a first, free
-    resolution accepts them (vLLM 0.26 wants fastapi<0.137, and its numba pin numpy<2.5: those it takes its own)."""
-    free = resolve(VLLM, {})
-    wanted: dict[str, SpecifierSet] = {}
-    for item in free.values():
-        for req in map(Requirement, item["metadata"].get("requires_dist") or []):
-            extras = re.findall(r'extra == "([^"]+)"', str(req.marker)) or [""]  # any extra: the stricter
-            if req.marker is None or any(req.marker.evaluate({**TARGET, "extra": e}) for e in extras):
-                wanted[norm(req.name)] = wanted.get(norm(req.name), SpecifierSet()) & req.specifier
-    known = {**IMAGE_VERSIONS, **base_pins}
-    return resolve(VLLM, {n: v for n, v in known.items() if n in free and wanted.get(n, SpecifierSet()).contains(
-        v, prereleases=True)})
-
-
-@functools.cache
-def index_files(name: str) -> dict[str, int]:
-    """The index's files of a project and their sizes (its JSON simple API)."""
-    request = urllib.request.Request(f"{INDEX}/{name}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    with urllib.request.urlopen(request) as r:
-        return {f["filename"]: f["size"] for f in json.load(r)["files"]}
-
-
 def base_roots() -> list[str]:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"] + EXTRA_ROOTS
 
@@ -197,16 +153,15 @@ def wheel_metadata(path: Path | io.BytesIO) -> email.message.Message:
         return email.message_from_bytes(z.read(name))
 
 
-def verify(wheels: list[Path], under: dict[str, str] | None = None) -> list[str]:
-    """What is wrong with a set of wheels, installed over `under` (name -> version): a name twice in the set, or a
-    need that neither the set, `under` nor the image meets."""
-    have = dict(under or {})
+def verify(wheels: list[Path]) -> list[str]:
+    """What is wrong with a set of wheels: a name twice in the set, or a need that neither the set nor the image
+    meets."""
     problems = []
     metas = [wheel_metadata(w) for w in wheels]
     for name, count in {norm(m["Name"]): sum(norm(n["Name"]) == norm(m["Name"]) for n in metas) for m in metas}.items():
         if count > 1:
             problems.append(f"{name} {count} times")
-    have |= {norm(m["Name"]): m["Version"] for m in metas}
+    have = {norm(m["Name"]): m["Version"] for m in metas}
     for meta in metas:
         for req in needs(meta.get_all("Requires-Dist")):
             name = norm(req.name)
@@ -234,10 +189,9 @@ def ignore(out: Path) -> None:
         exclude.write_text("\n".join([*lines, line]) + "\n")
 
 
-def report(problems: list[str] | None, notes: dict[str, set[str]]) -> None:
-    """The check's verdict (None: not checked, a dry run), then what only the image can tell."""
-    if problems is not None:
-        print("\n".join(problems) or "every wheel's needs (extras aside) are met by the set, the base set or the image")
+def report(problems: list[str], notes: dict[str, set[str]]) -> None:
+    """The check's verdict, then what only the image can tell."""
+    print("\n".join(problems) or "every wheel's needs (extras aside) are met by the set or the image")
     for name, wanted in sorted(notes.items()):
         print(f"  check on the image: {name} {IMAGE_VERSIONS.get(name, '(version not recorded)')}, wanted "
               + ", ".join(sorted(wanted)))
@@ -264,88 +218,12 @@ def base(out: Path) -> None:
         sys.exit(1)
 
 
-def pieces(sizes: dict[str, int], limit: int = PIECE_MB * 10**6) -> list[list[tuple[str, int, int]]]:
-    """Files packed into pieces of at most `limit` bytes, largest first, a file over that cut across several: each
-    piece a list of (file, offset, length)."""
-    plan: list[list[tuple[str, int, int]]] = []
-    for name, size in sorted(sizes.items(), key=lambda kv: -kv[1]):
-        for offset in range(0, size, limit):
-            length = min(limit, size - offset)
-            room = [i for i, p in enumerate(plan) if limit - sum(n for _, _, n in p) >= length]
-            if not room:
-                plan.append([])
-            plan[room[0] if room else -1].append((name, offset, length))
-    return plan
-
-
-def commands(plan: list[list[tuple[str, int, int]]], out: str, replaced: dict[str, str]) -> list[str]:
-    """Each call's device command: its piece into /tmp/vllm-parts; the last joins the cut wheels and installs them
-    all over what /tmp/site holds (the base set, installed before: vLLM's versions win, and the metadata of the
-    base set's versions they `replaced` goes)."""
-    cmds = [f"mkdir -p /tmp/vllm-parts && cp {out}/{i + 1:02d}/* /tmp/vllm-parts/ && ls /tmp/vllm-parts | wc -l"
-            for i in range(len(plan))]
-    cmds[-1] += (f" && (cd /tmp/vllm-parts && {JOIN} && python3 -m pip install -q --no-index --no-deps --no-compile"
-                 " --upgrade --target /tmp/site *.whl) && export PYTHONPATH=/tmp/site")
-    cmds[-1] += "".join(f" && rm -rf /tmp/site/{n.replace('-', '_')}-{v}.dist-info" for n, v in replaced.items())
-    return cmds
-
-
-def write_pieces(plan: list[list[tuple[str, int, int]]], sizes: dict[str, int], src: Path, out: Path,
-                 limit: int = PIECE_MB * 10**6) -> None:
-    """Each piece of `plan` (files of `src`) into its folder out/01, out/02, ...; a cut file's parts named for JOIN."""
-    for i, piece in enumerate(plan):
-        folder = out / f"{i + 1:02d}"
-        folder.mkdir(parents=True, exist_ok=True)
-        for name, offset, length in piece:
-            dest = folder / (name if length == sizes[name] else f"{name}.part{offset // limit:02d}")
-            with open(src / name, "rb") as f, open(dest, "wb") as g:
-                f.seek(offset)
-                g.write(f.read(length))
-
-
-def vllm(out: Path, dry_run: bool) -> None:
-    started = time.perf_counter()
-    base_pins, _ = walk(base_roots(), from_venv)
-    items = resolve_vllm(base_pins)
-    pins, notes = walk([VLLM], lambda name, spec: (items[name]["metadata"]["version"],
-                                                  items[name]["metadata"].get("requires_dist")))
-    pins = {n: v for n, v in pins.items() if base_pins.get(n) != v}  # the base set carries those
-    files = {n: Path(items[n]["download_info"]["url"]).name for n in pins}
-    sizes = {f: index_files(n)[f] for n, f in files.items()}
-    replaced = {n: base_pins[n] for n in pins if n in base_pins}
-    print(f"resolved {len(pins)} packages beyond the image and the base set in {time.perf_counter() - started:.0f} s;"
-          f" over the base set's versions: {', '.join(f'{n} {pins[n]} (base {v})' for n, v in replaced.items())}")
-    if not dry_run:
-        ignore(out)
-        download(pins, out / "whole")
-        files = sorted((out / "whole").glob("*.whl"))
-        report(verify(files, under=base_pins), notes)
-        sizes = {w.name: w.stat().st_size for w in files}
-        print(f"downloaded in {time.perf_counter() - started:.0f} s")
-    else:
-        report(None, notes)
-    plan = pieces(sizes)
-    if not dry_run:
-        write_pieces(plan, sizes, out / "whole", out)
-    print(f"{len(sizes)} wheels, {sum(sizes.values()) / 1e6:.1f} MB in all; {len(plan)} calls of at most {PIECE_MB} MB"
-          f" (+ the working tree, {tree_mb():.1f} MB); the largest:")
-    for name, size in sorted(sizes.items(), key=lambda kv: -kv[1])[:8]:
-        print(f"  {size / 1e6:6.1f} MB {name}")
-    for i, (piece, cmd) in enumerate(zip(plan, commands(plan, out.name, replaced))):
-        print(f"call {i + 1} ({sum(n for _, _, n in piece) / 1e6:.1f} MB, carry {out.name}/{i + 1:02d}): {cmd}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("set", choices=["base", "vllm"])
+    parser.add_argument("set", choices=["base"], help="the project's runtime dependencies (vLLM's plan is retired)")
     parser.add_argument("--out", type=Path, required=True, help="a folder in the repo, ignored by git")
-    parser.add_argument("--dry-run", action="store_true", help="vllm: the plan, from pip's resolution and the index's sizes")
     args = parser.parse_args()
-    out = args.out if args.out.is_absolute() else Path.cwd() / args.out
-    if args.set == "base":
-        base(out)
-    else:
-        vllm(out, args.dry_run)
+    base(args.out if args.out.is_absolute() else Path.cwd() / args.out)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,12 @@
-"""bench/gpu_wheels.py's pieces for a lent GPU: every piece under the limit, and the device's join command gives back
-each wheel byte for byte; the needs of a wheel are read for the GPU machine's Python, not this one's."""
+"""bench/gpu_wheels.py's base set for a lent GPU: the needs of a wheel are read for the GPU machine's Python, not this
+one's; vLLM's wheel plan (0.26 in 17 pieces, one device call each, each finding the machine warm) is retired."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
+import sys
 
+import pytest
 from conftest import ROOT
 
 
@@ -17,39 +17,6 @@ def _module():
     return module
 
 
-def test_pieces_stay_under_the_limit_and_join_back_byte_for_byte(tmp_path):
-    wheels = _module()
-    sizes = {"a.whl": 2500, "b.whl": 999, "c.whl": 1000, "d.whl": 10}
-    src, out, device = tmp_path / "src", tmp_path / "out", tmp_path / "device"
-    src.mkdir()
-    for name, size in sizes.items():
-        (src / name).write_bytes(os.urandom(size))
-    plan = wheels.pieces(sizes, limit=1000)
-    # by hand, largest first: a as 1000 + 1000 + 500, c alone, b (999) finds no room left, d (10) fills a's tail
-    assert [[(name, length) for name, _, length in piece] for piece in plan] == [
-        [("a.whl", 1000)], [("a.whl", 1000)], [("a.whl", 500), ("d.whl", 10)], [("c.whl", 1000)], [("b.whl", 999)]]
-    wheels.write_pieces(plan, sizes, src, out, limit=1000)
-    assert sorted(p.name for p in out.iterdir()) == ["01", "02", "03", "04", "05"]
-    assert all(sum(f.stat().st_size for f in folder.iterdir()) <= 1000 for folder in out.iterdir())
-    device.mkdir()
-    for folder in sorted(out.iterdir()):  # one call each, into the same folder on the device
-        for f in folder.iterdir():
-            (device / f.name).write_bytes(f.read_bytes())
-    subprocess.run(["bash", "-c", wheels.JOIN], cwd=device, check=True)
-    assert sorted(p.name for p in device.iterdir()) == sorted(sizes)
-    assert all((device / name).read_bytes() == (src / name).read_bytes() for name in sizes)
-
-
-def test_the_last_call_joins_installs_and_drops_the_replaced_metadata():
-    wheels = _module()
-    commands = wheels.commands([[("v.whl", 0, 5)], [("v.whl", 5, 3)]], ".whl-vllm", {"fastapi": "0.165.0"})
-    assert commands[0] == "mkdir -p /tmp/vllm-parts && cp .whl-vllm/01/* /tmp/vllm-parts/ && ls /tmp/vllm-parts | wc -l"
-    assert commands[1].startswith("mkdir -p /tmp/vllm-parts && cp .whl-vllm/02/* /tmp/vllm-parts/")
-    assert wheels.JOIN in commands[1] and "--target /tmp/site *.whl" in commands[1]
-    assert commands[1].endswith("&& rm -rf /tmp/site/fastapi-0.165.0.dist-info")
-    assert all(len(c) <= 2000 for c in commands)  # the device tool's limit on a command
-
-
 def test_needs_are_read_for_python_3_12_on_linux_x86_64():
     wheels = _module()
     requires = ['six>=1.16; python_version > "3.11"', 'tomli; python_version < "3.11"',
@@ -58,3 +25,20 @@ def test_needs_are_read_for_python_3_12_on_linux_x86_64():
     assert [str(r) for r in wheels.needs(requires)] == ['six>=1.16; python_version > "3.11"',
                                                         'llguidance; platform_machine == "x86_64"']
     assert [r.name for r in wheels.needs(requires, "standard")] == ["httpx"]
+
+
+def test_the_vllm_wheel_plan_is_retired_and_base_is_the_one_set(monkeypatch, capsys):
+    """No vLLM set, no pieces, no join: `vllm` is refused as a set before anything is resolved or fetched; `base` is
+    what the command makes (docs/testing.md#where-vllm-on-cuda-is-first-checked says where vLLM is checked now)."""
+    wheels = _module()
+    assert not [name for name in ("VLLM", "vllm", "pieces", "commands", "write_pieces", "JOIN", "resolve_vllm")
+                if hasattr(wheels, name)]
+    made = []
+    monkeypatch.setattr(wheels, "base", made.append)
+    monkeypatch.setattr(sys, "argv", ["gpu_wheels.py", "vllm", "--out", ".whl-vllm"])
+    with pytest.raises(SystemExit) as refused:
+        wheels.main()
+    assert refused.value.code == 2 and "invalid choice: 'vllm'" in capsys.readouterr().err and made == []
+    monkeypatch.setattr(sys, "argv", ["gpu_wheels.py", "base", "--out", ".whl"])
+    wheels.main()
+    assert [p.name for p in made] == [".whl"] and made[0].is_absolute()
