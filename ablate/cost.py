@@ -29,13 +29,15 @@ PEAK_TFLOPS = {"H100 SXM": 989.0, "H100 NVL": 835.0, "H100 PCIe": 756.0, "H200 S
 KIND_NAMES = (("H100 NVL", r"\bH100 NVL\b"), ("H100 PCIe", r"\bH100 PCIE\b"), ("H100 SXM", r"\bH100\b"),
               ("H200 NVL", r"\bH200 NVL\b"), ("H200 SXM", r"\bH200\b"), ("A100", r"\bA100\b"))
 PRICED_KIND = "H100 SXM"  # what the pre-flight prices where run.peak_tflops is unset (a login node has no GPU)
-# this learner's 6N-MFU on a trainer GPU (launcher.train_mfu unset), an ESTIMATE of 2026-11-28 for today's code at
-# experiment=paper_8b (8B, FSDP on 16 ranks, activation checkpointing, micro-batches padded to their longest row):
-# issue 46's desk analysis gives 0.18-0.26 at 8B (20-22% at ~1B on bench_gpu.py's short rows); the one measurement
-# of today's learner, 29.8% at a Llama-3.2-1B shape with rows up to 8k and no checkpointing (gpu_first.py on a lent
-# H200, 2026-11-27, docs/testing.md#gpu-minutes), is 22% once checkpointing recomputes the forward (6N of 8N a
-# token). To be replaced by a measurement: `python bench/bench_gpu.py --parts learner` on the cluster's GPU kind
-# (docs/design.md#the-cost-model). Before: 0.32, plain transformers' on rows of one length, uncheckpointed.
+# this learner's 6N-MFU on a trainer GPU (launcher.train_mfu unset), an ESTIMATE of 2026-11-28 at experiment=paper_8b
+# (8B, FSDP on 16 ranks, activation checkpointing) made for the learner of then, whose passes were padded to their
+# longest row: issue 46's desk analysis gives 0.18-0.26 at 8B (20-22% at ~1B on bench_gpu.py's short rows); the one
+# measurement, 29.8% at a Llama-3.2-1B shape with rows up to 8k and no checkpointing (gpu_first.py on a lent H200,
+# 2026-11-27, docs/testing.md#gpu-minutes), was of that padded learner, and is 22% once checkpointing recomputes the
+# forward (6N of 8N a token). Today's learner packs its passes (varlen attention, passes of up to 65,536 real tokens,
+# no padding computed) and has not run on a GPU: the value stands until it is measured, by gpu_check.py's default
+# plan (`bench_gpu.py --parts paper`: packed beside the padded plan at a paper-like step) or on the cluster's GPU
+# kind (docs/design.md#the-cost-model). Before: 0.32, plain transformers' on rows of one length, uncheckpointed.
 TRAIN_MFU = 0.22
 # the share of a step's rows the learner trains where zero-variance filtering drops the rest
 # (filtering.zero_variance; a run logs it as 1 - train/zero_variance_frac): half, an assumption until a run says
