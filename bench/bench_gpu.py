@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import importlib.util
 import tempfile
@@ -241,7 +242,7 @@ def learner(args, device: torch.device, peak: float) -> None:
             if step:
                 model.step(ro, ro.rewards, keep)
             else:
-                _, calls = attention_calls(lambda: model.step(ro, ro.rewards, keep))  # noqa: B023
+                _, calls = attention_calls(functools.partial(model.step, ro, ro.rewards, keep))
             _sync(device)
             times.append(time.perf_counter() - started)
             changed.append(_changed(params, before))
@@ -445,7 +446,7 @@ def _paper_form(args, cfg, key: str, ro: Rollouts, device: torch.device, peak: f
                          torch.Generator().manual_seed(0))
         _sync(device)
         began = time.perf_counter()
-        logp, calls = attention_calls(lambda: _logprobs(learner.scorer, ro, planned))
+        logp, calls = attention_calls(functools.partial(_logprobs, learner.scorer, ro, planned))
         _sync(device)
         first = [time.perf_counter() - began]
         metrics = learner.step(ro, ro.rewards, keep)  # from the initial weights, as every form's: compared

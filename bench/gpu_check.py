@@ -51,8 +51,8 @@ STEPS = (
     Step("varlen on this torch: grouped K/V, repeated, SDPA by row; the learner's packed attention", 1, 45,
          (PYTHON, "bench/gpu_first.py", "--parts", "varlen")),
     Step("paper-like step: packed, today's per row, FSDP packed, FSDP packed and compiled", 1, 210,
-         (PYTHON, "bench/bench_gpu.py", "--parts", "paper", "--paper-forms", "packed,today,packed-fsdp,"
-          "packed-fsdp-compiled", "--paper-steps", "1")),
+         (PYTHON, "bench/bench_gpu.py", "--parts", "paper",
+          "--paper-forms", "packed,today,packed-fsdp,packed-fsdp-compiled", "--paper-steps", "1")),
     Step("a compiled packed step: compile s, steady s, graph breaks, recompiles, loss vs eager", 1, 90,
          (PYTHON, "bench/gpu_first.py", "--parts", "compiled")),
     # a GQA model's kernels at 8k and 16k tokens and its peak against the memory model, the head's gradient against
@@ -223,8 +223,9 @@ def main() -> int:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     steps = chosen(args.steps) if args.steps else [s for s in STEPS if not s.more]
     fits = [s for s in steps if s.gpus <= gpus]
-    print(f"{gpus} GPU(s) here: {len(fits)} of the {len(steps)} steps {'chosen' if args.steps else 'of the default '}"
-          f"{'' if args.steps else 'plan'} fit" + ("" if gpus else " (none without a GPU: the plan for 1 and for 3+ GPUs)"))
+    which = "chosen" if args.steps else "of the default plan"
+    print(f"{gpus} GPU(s) here: {len(fits)} of the {len(steps)} steps {which} fit"
+          + ("" if gpus else " (none without a GPU: the plan for 1 and for 3+ GPUs)"))
     if args.plan or not gpus:
         print_plan()
         return 0

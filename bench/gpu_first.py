@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import inspect
 import math
@@ -232,7 +233,7 @@ def varlen_kernels(checks: Checks, device: torch.device, small: bool) -> None:
         _sync(device)
         seconds = (time.perf_counter() - began) / 3
         errors[form] = _error(got, want)
-        calls = attention_calls(lambda: _attend(form, q, k, v, bounds, longest, upstream))[1]  # noqa: B023
+        calls = attention_calls(functools.partial(_attend, form, q, k, v, bounds, longest, upstream))[1]
         ran = (calls["varlen"] >= 1 and calls["varlen backward"] >= 1 and not calls["sdpa"]) if form != "by row" \
             else (calls["sdpa"] == len(rows) and not calls["varlen"])
         # as good as SDPA row by row in the same dtype, against fp32 (a lost causal window is ~100x off)
@@ -253,7 +254,7 @@ def packed_attention(checks: Checks, device: torch.device, small: bool) -> None:
     lengths = [40, 12, 64] if small else [4000, 900, 2500]
     ro = _rollouts(lengths, 16, learner.policy.config.vocab_size, device)
     keep = torch.ones(ro.n, dtype=torch.bool, device=device)
-    calls = attention_calls(lambda: learner.step(ro, ro.rewards, keep))[1]
+    calls = attention_calls(functools.partial(learner.step, ro, ro.rewards, keep))[1]
     said, right = attention_verdict(calls, True, device, getattr(torch, dtype))
     checks.add("varlen", f"the learner's packed attention, {dtype}, {len(lengths)} rows, 2 layers", said,
                passed=right)
@@ -283,7 +284,7 @@ def compiled_step(checks: Checks, device: torch.device, small: bool) -> None:
             if i < 3:
                 metrics = learner.step(ro, ro.rewards, keep)
             else:
-                metrics, calls = attention_calls(lambda: learner.step(ro, ro.rewards, keep))  # noqa: B023
+                metrics, calls = attention_calls(functools.partial(learner.step, ro, ro.rewards, keep))
             _sync(device)
             times[name].append(time.perf_counter() - began)
             losses[name].append(metrics["loss/policy"])
@@ -332,7 +333,7 @@ def attention(checks: Checks, device: torch.device, small: bool) -> None:
             try:
                 with _kernel(device, dtype, learner.packed):
                     # AdamW's moments made: the steady state the model counts; its attention counted
-                    _, calls = attention_calls(lambda: learner.step(ro, ro.rewards, keep))  # noqa: B023
+                    _, calls = attention_calls(functools.partial(learner.step, ro, ro.rewards, keep))
                     _reset(device)
                     _sync(device)
                     began = time.perf_counter()

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 from conftest import ROOT
-from varlen_cpu import cpu_varlen, varlen_2_10, varlen_2_11  # noqa: F401 - cpu_varlen: a fixture
+from varlen_cpu import cpu_varlen, varlen_2_10, varlen_2_11  # noqa: F401 - cpu_varlen: a fixture (usefixtures)
 
 
 def _module():
@@ -187,8 +187,8 @@ def test_the_varlen_check_on_a_cpu_says_varlen_is_not_available_and_counts_the_b
 
 
 @pytest.mark.parametrize("version", ["2.10", "2.11", "2.13"])
-def test_the_varlen_check_calls_each_torchs_varlen_as_its_signature_takes_it(first, cpu_varlen, monkeypatch,
-                                                                               version):
+@pytest.mark.usefixtures("cpu_varlen")
+def test_the_varlen_check_calls_each_torchs_varlen_as_its_signature_takes_it(first, monkeypatch, version):
     """torch's varlen run on the CPU through its own op (tests/varlen_cpu.py), the kernel made available: 2.10's
     `is_causal=True`; 2.11's `window_size=(-1, 0)` as a tuple and no scale; 2.13's (this torch's own function)
     `enable_gqa=True` for grouped K/V alone. Grouped, repeated and by row agree with fp32 (here fp32 themselves),
@@ -220,7 +220,8 @@ def test_the_varlen_check_calls_each_torchs_varlen_as_its_signature_takes_it(fir
     assert all(type(c.get("window_size", ())) is tuple for c in calls)
 
 
-def test_a_varlen_that_loses_causality_fails_the_check(first, cpu_varlen, monkeypatch):
+@pytest.mark.usefixtures("cpu_varlen")
+def test_a_varlen_that_loses_causality_fails_the_check(first, monkeypatch):
     """Negative control: 2.11's wrapper given its window as a list (causality silently off) attends to later tokens:
     the varlen forms' error against the causal fp32 reference is far past SDPA by row's, and the check fails."""
     monkeypatch.setattr(first, "varlen_here", lambda device: True)
@@ -231,8 +232,8 @@ def test_a_varlen_that_loses_causality_fails_the_check(first, cpu_varlen, monkey
     assert verdicts["grouped"] == verdicts["repeated"] == "FAILED" and not checks.ok
 
 
-def test_a_packed_pass_that_falls_back_to_the_row_by_row_path_where_varlen_should_run_fails(first, cpu_varlen,
-                                                                                          monkeypatch):
+@pytest.mark.usefixtures("cpu_varlen")
+def test_a_packed_pass_that_falls_back_to_the_row_by_row_path_where_varlen_should_run_fails(first, monkeypatch):
     """Where the project's rule says varlen runs (faked here: the rule made true on the CPU), the learner's packed
     attention that ran row by row is a failure, not a slow result; routed to torch's varlen (the fall-back replaced
     by `_varlen`, the op on CPU kernels), it is counted, forward and backward, a call a layer: passed."""
@@ -250,8 +251,8 @@ def test_a_packed_pass_that_falls_back_to_the_row_by_row_path_where_varlen_shoul
     assert checks.rows[-1][2:] == ("varlen x2 (backward x2)", "ok") and checks.ok
 
 
-def test_the_compiled_packed_step_counts_its_graphs_breaks_recompiles_loss_and_varlen(first, cpu_varlen,
-                                                                                     monkeypatch):
+@pytest.mark.usefixtures("cpu_varlen")
+def test_the_compiled_packed_step_counts_its_graphs_breaks_recompiles_loss_and_varlen(first, monkeypatch):
     """The compiled packed learner beside the eager one on the CPU (dynamo's `eager` backend for the compiler, the
     packed attention routed to torch's varlen op on CPU kernels, as on a GPU): the same losses, one graph for the
     two layers (they share their code), no graph break and no recompile over 4 steps of new lengths, varlen counted

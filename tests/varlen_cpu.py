@@ -7,6 +7,7 @@ signatures (their wrappers as those versions write them, over this torch's op)."
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -18,7 +19,7 @@ def _rows(query, key, value, bounds, causal: bool, scale):
     groups = query.shape[1] // key.shape[1]
     scale = scale if scale is not None else query.shape[-1] ** -0.5
     edges = bounds.tolist()
-    for a, b in zip(edges[:-1], edges[1:]):
+    for a, b in itertools.pairwise(edges):
         q, k, v = (t[a:b].transpose(0, 1).float() for t in (query, key, value))
         k, v = k.repeat_interleave(groups, 0), v.repeat_interleave(groups, 0)
         scores = q @ k.transpose(1, 2) * scale
