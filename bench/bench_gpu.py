@@ -258,8 +258,8 @@ def learner(args, device: torch.device, peak: float) -> None:
 def estimate_bytes(cfg, ro: Rollouts, planned: plan.Plan | None = None) -> float:
     """The memory model's peak (ablate/memory.py, what the check before submit reads) for this learner at these
     rollouts' largest micro-batch, in bytes (bench/gpu_first.py reads it too): the largest pass of `planned` (its
-    computed tokens: padded or packed), else of today's cut; the decoder layers recomputed as the learner counts them
-    (`checkpointed`)."""
+    computed tokens: padded or packed, a packed one with varlen's backward scratch), else of today's cut; the decoder
+    layers recomputed as the learner counts them (`checkpointed`)."""
     from ablate import memory
     from ablate.checks import model_shape
 
@@ -269,11 +269,14 @@ def estimate_bytes(cfg, ro: Rollouts, planned: plan.Plan | None = None) -> float
                                      cfg.train.micro_batch_tokens)
         tokens = max(len(b) * int(lengths[b].max()) for b in batches)
     else:
-        tokens = max(planned.cost(batch)[0] for passes in planned.passes for batch in passes)
+        tokens, largest = max((planned.cost(batch)[0], batch) for passes in planned.passes for batch in passes)
     shape = model_shape(cfg.model)
+    compute = getattr(torch, cfg.model.dtype).itemsize
+    # a packed pass in bf16/fp16 attends in FlashAttention's varlen kernel: its backward's scratch for the pass's rows
+    varlen_rows = len(largest) if planned is not None and planned.form == "packed" and compute < 4 else 0
     estimate = memory.trainer(shape, ranks=1, micro_tokens=tokens, checkpointing=checkpointed(cfg, shape.layers),
-                              compute=getattr(torch, cfg.model.dtype).itemsize,
-                              head=getattr(torch, cfg.precision.head_dtype).itemsize)
+                              compute=compute, head=getattr(torch, cfg.precision.head_dtype).itemsize,
+                              varlen_rows=varlen_rows)
     return estimate.total
 
 
