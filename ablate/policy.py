@@ -13,6 +13,8 @@ mantissa) would round most of it away. The LM head never runs under autocast: it
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import os
 from collections.abc import Callable
 
@@ -299,7 +301,7 @@ def _attention_dtype(query: torch.Tensor) -> torch.dtype:
 
 
 def _varlen_attn():
-    """torch's varlen attention (torch.nn.attention.varlen, torch 2.10 on), or None where this torch has none."""
+    """torch.nn.attention.varlen.varlen_attn, or None where this torch has no such module (2.9 and before)."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
@@ -307,38 +309,84 @@ def _varlen_attn():
     return varlen_attn
 
 
-def _varlen_runs(query: torch.Tensor) -> bool:
-    """Whether torch's varlen attention takes these queries: FlashAttention's (or cuDNN's) kernels, on CUDA, in bf16
-    or fp16, where this torch has it. Tests on the CPU emulate this branch (tests/test_packing.py)."""
-    return query.is_cuda and _attention_dtype(query) in (torch.bfloat16, torch.float16) and _varlen_attn() is not None
+@functools.cache
+def _parameters(function: Callable) -> frozenset[str]:
+    """The names of `function`'s parameters, its signature read once (a pure function of the function)."""
+    return frozenset(inspect.signature(function).parameters)
+
+
+@torch.compiler.assume_constant_result  # a fact of the installed torch: a compiled layer takes its value, untraced
+def _varlen_form() -> str:
+    """How `_varlen` calls this torch's varlen attention: "enable_gqa" where it takes `scale`, a causal
+    `window_size` and `enable_gqa` (torch 2.12 on), "grouped" where it takes the first two alone (2.11: grouped K/V go
+    as they are, as its wrapper checks no heads), "" where it takes neither: none (2.9 and before) or 2.10's, which
+    takes `is_causal=` and no `scale` (docs/training.md#packed-rows)."""
+    varlen_attn = _varlen_attn()
+    names = _parameters(varlen_attn) if varlen_attn is not None else frozenset()
+    if not {"scale", "window_size"} <= names:
+        return ""
+    return "enable_gqa" if "enable_gqa" in names else "grouped"
+
+
+def _kernels_run(device: torch.device, compute: torch.dtype) -> bool:
+    """Whether torch's varlen kernels (FlashAttention's) run on `device` computing in `compute`: CUDA, bf16 or fp16.
+    Tests on the CPU emulate it (tests/test_packing.py)."""
+    return device.type == "cuda" and compute in (torch.bfloat16, torch.float16)
+
+
+def packs_rows(setting: bool | None, device: torch.device, compute: torch.dtype) -> bool:
+    """Whether the learner packs its passes (run.packed_rows): as set, else where torch's varlen attention runs (CUDA,
+    bf16 or fp16 compute, a torch whose varlen_attn `_varlen` can call: `_varlen_form`). `packs_rows(None, ...)` is
+    the one answer to "does varlen run here": a packed attention call (`_packed`) takes `_varlen` where it says so,
+    `_by_row` elsewhere. Unpacked elsewhere: the per-row loop costs more than the padding it saves (a learner step
+    0.19 s packed against 0.05 s per row on the embedded default on the CPU): docs/training.md#packed-rows."""
+    if setting is not None:
+        return bool(setting)
+    return _kernels_run(device, compute) and bool(_varlen_form())
+
+
+def describe_packing(setting: bool | None, device: torch.device, compute: torch.dtype) -> str:
+    """The learner's form as the run's log says it once: packed through varlen, packed row by row (run.packed_rows=true
+    where varlen does not run), or padded, and why."""
+    if not _kernels_run(device, compute):
+        why = f"torch's varlen attention runs on CUDA in bf16 or fp16, not on {device.type} in {compute}"
+    elif not _varlen_form():
+        why = (f"torch {torch.__version__} has no varlen attention that takes scale= and window_size= (2.11 on; 2.10's "
+               f"takes is_causal= and no scale)")
+    else:
+        why = ""
+    if setting is None and not why:
+        return f"packed rows, attention within each row by torch's varlen_attn (torch {torch.__version__})"
+    if setting is None:
+        return f"padded rows (the per-row Scorer): {why}"
+    if setting and why:
+        return f"packed rows (run.packed_rows=true), attended row by row: {why}"
+    return f"{'packed' if setting else 'padded'} rows (run.packed_rows={str(bool(setting)).lower()})"
 
 
 def _varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds: torch.Tensor, longest: int,
             scale: float | None) -> torch.Tensor:
     """Causal attention within each row of a packed sequence: query [S, heads, D], key/value [S, K/V heads, D],
     bounds [rows + 1] int32 (row r is tokens bounds[r]:bounds[r + 1]), longest the longest row; [S, heads, D].
-    One varlen kernel, grouped K/V taken natively, in the compute dtype (a custom op: autocast does not cast it)."""
-    import inspect
-
-    varlen_attn = _varlen_attn()
+    One varlen kernel in the compute dtype (a custom op: autocast does not cast it), grouped K/V given as they are:
+    FlashAttention-2 takes them forward and backward, and torch says so with `enable_gqa` where it takes it. No copy
+    of q, k, v: the kernel needs only their last dimension contiguous, which the heads' views of a projection keep."""
     dtype = _attention_dtype(query)
-    query, key, value = (t.to(dtype).contiguous() for t in (query, key, value))
-    grouped = key.shape[1] != query.shape[1]
-    takes_groups = "enable_gqa" in inspect.signature(varlen_attn).parameters  # torch 2.12 on; 2.11's has none
-    if grouped and not takes_groups:  # K/V repeated to the query's heads
-        key, value = (t.repeat_interleave(query.shape[1] // key.shape[1], dim=1) for t in (key, value))
-    return varlen_attn(query, key, value, bounds, bounds, longest, longest, scale=scale, window_size=(-1, 0),
-                       **({"enable_gqa": grouped} if takes_groups else {}))
+    query, key, value = (t.to(dtype) for t in (query, key, value))
+    grouped = {"enable_gqa": key.shape[1] != query.shape[1]} if _varlen_form() == "enable_gqa" else {}
+    return _varlen_attn()(query, key, value, bounds, bounds, longest, longest, scale=scale, window_size=(-1, 0),
+                          **grouped)
 
 
 @torch.compiler.disable  # eager in a compiled layer (`compile_layers`): one graph break, not a loop unrolled per row
 def _by_row(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds: torch.Tensor, longest: int,
             scale: float | None) -> torch.Tensor:
-    """`_varlen`'s result where it cannot run (the CPU; fp32 compute): SDPA on each row's slice, causal with no mask,
-    K/V repeated to the query's heads (the memory-efficient kernel's case in fp32: `_sdpa_linear`), so that memory
-    stays linear in the row's tokens. Flex attention with a document mask has no backward on the CPU in torch 2.13.
-    Never traced by torch.compile: its rows' bounds read to the host would break the graph there anyway, and a
-    traced loop over them would be specialized to the pass's number of rows (a recompile for each)."""
+    """`_varlen`'s result where it cannot run (the CPU; fp32 compute; a torch without it): SDPA on each row's slice,
+    causal with no mask, K/V repeated to the query's heads (the memory-efficient kernel's case in fp32:
+    `_sdpa_linear`), so that memory stays linear in the row's tokens. Flex attention with a document mask has no
+    backward on the CPU in torch 2.13. Never traced by torch.compile: its rows' bounds read to the host (once a layer)
+    would break the graph there anyway, and a traced loop over them would be specialized to the pass's number of rows
+    (a recompile for each)."""
     groups = query.shape[1] // key.shape[1]
     edges = bounds.tolist()
     out = [torch.nn.functional.scaled_dot_product_attention(
@@ -351,21 +399,23 @@ def _by_row(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds:
 def _packed(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, *, unpacked: str,
             cu_seq_lens_q=None, cu_seq_lens_k=None, max_length_q=None, max_length_k=None, **kwargs):
     """transformers' attention call, for a model set to `packed_attention`. A packed call (one given the pass's row
-    bounds, `cu_seq_lens_q`, as `packed_logprobs` passes them: query [1, heads, S, D]) attends within each row
-    alone: `_varlen` where it runs, `_by_row` elsewhere. Any other call goes to the model's own implementation."""
+    bounds, `cu_seq_lens_q`, as `packed_logprobs` passes them: query [1, heads, S, D], the empty mask) attends within
+    each row alone: `_varlen` where `packs_rows(None, ...)` says varlen runs, `_by_row` elsewhere. Any other call
+    goes to the model's own implementation."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     if cu_seq_lens_q is None:
         return ALL_ATTENTION_FUNCTIONS[unpacked](module, query, key, value, attention_mask, dropout=dropout,
                                                  scaling=scaling, **kwargs)
-    if query.shape[0] != 1 or attention_mask is not None or dropout or kwargs.get("sliding_window"):
+    masked = attention_mask is not None and attention_mask.numel() > 0
+    if query.shape[0] != 1 or masked or dropout or kwargs.get("sliding_window"):
         raise ValueError(f"a packed attention call takes one sequence, no mask, no dropout and no sliding window: got "
-                         f"a batch of {query.shape[0]}, mask {attention_mask is not None}, dropout {dropout}, "
+                         f"a batch of {query.shape[0]}, mask {masked}, dropout {dropout}, "
                          f"sliding window {kwargs.get('sliding_window')}")
     if cu_seq_lens_k is not None and cu_seq_lens_k is not cu_seq_lens_q:
         raise ValueError("a packed attention call attends within each row: its key bounds are its query bounds")
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [S, heads, D]: varlen's layout
-    attend = _varlen if _varlen_runs(q) else _by_row
+    attend = _varlen if packs_rows(None, q.device, _attention_dtype(q)) else _by_row
     return attend(q, k, v, cu_seq_lens_q, int(max_length_q), scaling)[None], None
 
 
@@ -388,8 +438,6 @@ def packed_attention(model: torch.nn.Module) -> torch.nn.Module:
     model's own implementation (sdpa, `ablate_sdpa_linear`) for any call that is not a packed pass: the trainer's
     policy also decodes validation's prompts, padded, with a cache. Registered in transformers' attention and mask
     interfaces on first use; a model already set so is returned as it is."""
-    import functools
-
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -423,7 +471,7 @@ def packed_logprobs(model: torch.nn.Module, prompt_tokens: torch.Tensor, prompt_
     real = prompt_mask.sum(dim=1)
     sizes = real + lengths  # [N] each row's tokens
     total, longest, completions, promptless = torch.stack([sizes.sum(), sizes.max(), lengths.sum(),
-                                                           (real == 0).sum()]).tolist()  # one read from the device
+                                                           (real == 0).sum()]).tolist()  # the pass's one device read
     if promptless:
         raise ValueError(f"{promptless} of {N} rows have no prompt token: a row's first completion token needs a "
                          f"state before it")
@@ -433,10 +481,13 @@ def packed_logprobs(model: torch.nn.Module, prompt_tokens: torch.Tensor, prompt_
     positions = (kept.cumsum(dim=1) - 1).flatten()[where]  # 0.. in each row
     bounds = torch.zeros(N + 1, dtype=torch.int32, device=device)
     bounds[1:] = sizes.cumsum(dim=0)
+    # an empty 4-D mask: transformers hands a 4-D mask to the layers as it is, building none and probing the positions
+    # for packed rows by none of its own (a read from the device); `_packed` takes it as no mask
+    unmasked = torch.zeros(1, 1, 0, 0, dtype=torch.bool, device=device)
     with autocast(device, compute_dtype):
-        hidden = model.get_decoder()(input_ids=ids[None], position_ids=positions[None], use_cache=False,
-                                     cu_seq_lens_q=bounds, cu_seq_lens_k=bounds, max_length_q=longest,
-                                     max_length_k=longest).last_hidden_state[0]
+        hidden = model.get_decoder()(input_ids=ids[None], attention_mask=unmasked, position_ids=positions[None],
+                                     use_cache=False, cu_seq_lens_q=bounds, cu_seq_lens_k=bounds,
+                                     max_length_q=longest, max_length_k=longest).last_hidden_state[0]
     # the state at a row's position p predicts its token p + 1: row i's completion token t at bounds[i] + real_i - 1 + t
     chosen = inside.flatten().nonzero_static(size=completions)[:, 0]  # [M] (row, t) of each completion token, flat
     at = (bounds[:-1, None] + real[:, None] - 1 + steps[None, :]).flatten()[chosen]
@@ -444,16 +495,6 @@ def packed_logprobs(model: torch.nn.Module, prompt_tokens: torch.Tensor, prompt_
     logp = head(hidden[at], lm_head.weight, tokens.flatten()[chosen], bias=lm_head.bias, temperature=temperature,
                 operands=compute_dtype)
     return torch.zeros(N * T, dtype=logp.dtype, device=device).index_put((chosen,), logp).view(N, T)
-
-
-def packs_rows(setting: bool | None, device: torch.device, compute: torch.dtype) -> bool:
-    """Whether the learner packs its passes (run.packed_rows): as set, else where torch's varlen attention runs (CUDA,
-    bf16 or fp16 compute). Elsewhere the packed form attends row by row (`_by_row`), a loop that costs the tiny models
-    a CPU runs more than the padding it saves (a learner step 0.19 s packed against 0.05 s per row on the embedded
-    default): docs/training.md#packed-rows."""
-    if setting is not None:
-        return bool(setting)
-    return device.type == "cuda" and compute in (torch.bfloat16, torch.float16)
 
 
 class PackedScorer(Scorer):

@@ -33,7 +33,7 @@ from ablate.distributed.groups import Groups
 from ablate.distributed.layouts import SHARDS, OneProcess, Weights
 from ablate import plan
 from ablate.policy import (PackedScorer, Scorer, build_policy, build_tokenizer, compile_layers, compute_dtype,
-                           packs_rows)
+                           describe_packing, packs_rows)
 from ablate.registry import build
 from ablate.rl.aggregation import token_weights
 from ablate.rollouts import Rollouts
@@ -103,8 +103,11 @@ class Learner:
         self.checkpointed = checkpoint_layers(self.policy, cfg)  # recompute decoder layers: memory for time
         # a pass's rows packed into one sequence, attention within each row, or side by side, each padded to the
         # pass's longest (run.packed_rows; unset: packed where varlen attention runs): docs/training.md#packed-rows
-        self.packed = packs_rows(cfg.run.get("packed_rows"), next(self.policy.parameters()).device,
-                                 compute_dtype(cfg.model))
+        setting, device = cfg.run.get("packed_rows"), next(self.policy.parameters()).device
+        self.packed = packs_rows(setting, device, compute_dtype(cfg.model))
+        if self.ranks.rank == 0:  # the form, and why, said once in the run's log
+            print(f"learner: {describe_packing(setting, device, compute_dtype(cfg.model))}", file=sys.stderr,
+                  flush=True)
         compile_layers(self.policy, cfg.run.get("compile_layers"))  # in place, before FSDP2 wraps the layers
         scorer = (PackedScorer if self.packed else Scorer)(self.policy, build(cfg.precision),
                                                             float(cfg.generation.temperature), compute_dtype(cfg.model))
@@ -136,6 +139,9 @@ class Learner:
         planned = self.step_plan(prompt_lengths + ro.lengths, trained)  # the same on every rank: no collective
         # FSDP's rank 0: the other ranks take the same step, each sent the rows it trains
         self.ranks.lead_step(ro, rewards, keep, [planned.rows(rank) for rank in range(self.ranks.world)])
+        # every row's prompt and completion tokens on the host, read once before the passes (none reads the device
+        # for its sizes but the scorer's own, before its forward: docs/training.md#packed-rows)
+        prompt_host, length_host = torch.stack([prompt_lengths, ro.lengths]).tolist()
         device = next(self.policy.parameters()).device
         ro = ro.to(device)
         rewards, keep = rewards.to(device), keep.to(device)
@@ -144,28 +150,29 @@ class Learner:
         if keep.any():
             adv[keep] = self.normalize(rewards[keep], ro.group[keep])
         weights = token_weights(self.aggregate, mask, ro.group)  # of the whole batch, on every rank
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float64, device=device)  # the loss, summed on the device
         version = self.scheduler.last_epoch  # the weights' version: optimizer steps taken (0: the initial weights)
         own = ((ro.versions == version) | ~mask).all(dim=1) & mask.any(dim=1)  # rows sampled wholly with them
         gap = torch.zeros(2, device=device)  # sum |log pi_train - log pi_gen| over those rows' tokens, and count
-        prompt_lengths = prompt_lengths.to(device)
         batches = planned.passes[self.ranks.rank]  # every rank as many; an empty one (too few rows) weighs 0
         for i, batch in enumerate(batches):
-            rows, scale = torch.tensor(batch or [planned.filler], dtype=torch.long, device=device), float(bool(batch))
-            P, T = int(prompt_lengths[rows].max()), max(int(ro.lengths[rows].max()), 1)
+            scored = batch or [planned.filler]
+            rows, scale = torch.tensor(scored, dtype=torch.long, device=device), float(bool(batch))
+            P, T = max(prompt_host[r] for r in scored), max(max(length_host[r] for r in scored), 1)
             prompt = slice(ro.prompt_tokens.shape[1] - P, None)  # prompts are left-padded, completions right-padded
             logp = self.scorer(ro.prompt_tokens[rows, prompt], ro.prompt_mask[rows, prompt], ro.tokens[rows, :T],
                                ro.lengths[rows])
             per_token = self.loss(logp, ro.gen_logprobs[rows, :T], adv[rows], mask[rows, :T])
-            if batch:
+            if batch:  # summed where fresh (no boolean indexing: its size would be read from the device)
                 fresh = mask[rows, :T] & own[rows, None]
-                gap += torch.stack([(logp.detach() - ro.gen_logprobs[rows, :T]).abs()[fresh].sum(), fresh.sum()])
+                gap += torch.stack([torch.where(fresh, (logp.detach() - ro.gen_logprobs[rows, :T]).abs(), 0).sum(),
+                                    fresh.sum()])
             part = (per_token * weights[rows, :T]).sum() * scale
             self.ranks.sync_gradients(self.scorer, now=i == len(batches) - 1)
             part.backward()
-            total += part.item()
-        total = self.ranks.total(total)
-        gap_sum, gap_count = (self.ranks.total(v) for v in gap.tolist())  # one read from the device
+            total += part.detach()
+        # the step's one read from the device after its passes: the loss, and the log-prob gap's sum and count
+        total, gap_sum, gap_count = (self.ranks.total(v) for v in torch.cat([total[None], gap]).tolist())
         if not math.isfinite(total):
             raise FloatingPointError(f"the policy loss is {total}: the run diverged")
         lr = self.scheduler.get_last_lr()[0]

@@ -212,11 +212,14 @@ def test_the_learner_packs_its_rows_up_to_the_padded_forms_largest_pass():
     assert metrics["perf/learner_token_efficiency"] == 1.0 and metrics["perf/learner_imbalance"] == 0.0
 
 
-def test_rows_are_packed_where_varlen_attention_runs_unless_said():
-    """Unset, run.packed_rows packs on CUDA in bf16 or fp16 (varlen's kernels) and not elsewhere: on the CPU, or in
-    fp32 on CUDA, the packed form attends row by row, slower than padding for small rows. Said, it is as said."""
+def test_rows_are_packed_where_varlen_attention_runs_unless_said(monkeypatch):
+    """Unset, run.packed_rows packs on CUDA in bf16 or fp16 (varlen's kernels; on a torch whose varlen_attn the
+    packed pass can call, as 2.13's: tests/test_packing.py holds the other torches) and not elsewhere: on the CPU, or
+    in fp32 on CUDA, the packed form attends row by row, slower than padding for small rows. Said, it is as said."""
+    from ablate import policy
     from ablate.policy import packs_rows
 
+    monkeypatch.setattr(policy, "_varlen_form", lambda: "enable_gqa")
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert packs_rows(None, cuda, torch.bfloat16) and packs_rows(None, cuda, torch.float16)
     assert not packs_rows(None, cuda, torch.float32) and not packs_rows(None, cpu, torch.bfloat16)
