@@ -20,11 +20,13 @@ from ablate.distributed.leader import Leader
 SHARDS = "learner-{tag}"  # the DCP folder of a checkpoint, beside its payload
 
 
-def _norms(layer: torch.nn.Module) -> list[torch.nn.Module]:
-    """A decoder layer's norms: its leaf modules whose parameters are all vectors (RMSNorm's, LayerNorm's weight and
-    bias), which compute in fp32 whatever the compute dtype."""
-    return [m for m in layer.modules() if m is not layer and not any(True for _ in m.children())
-            and any(True for _ in m.parameters()) and all(p.dim() == 1 for p in m.parameters())]
+def _norm_weights(layer: torch.nn.Module) -> set[torch.nn.Parameter]:
+    """A decoder layer's norms' parameters, as the layer holds them now (sharding replaces them): those of its leaf
+    modules whose parameters are all vectors (RMSNorm's, LayerNorm's weight and bias), which compute in fp32
+    whatever the compute dtype."""
+    norms = [m for m in layer.modules() if m is not layer and not any(True for _ in m.children())
+             and any(True for _ in m.parameters()) and all(p.dim() == 1 for p in m.parameters())]
+    return {p for norm in norms for p in norm.parameters()}
 
 
 class OneProcess:
@@ -86,9 +88,9 @@ class FSDP:
     every pass into the shards (`sharded_gradients`, the default: a rank holds 4N/ranks bytes of gradients), or
     once, after the step's last pass (FSDP2 then accumulates a whole fp32 gradient on every rank, 4N bytes, for one
     collective a step instead of one a pass). In bf16 compute the decoder layers are gathered in bf16, their norms
-    in fp32, and the residual stream between them stays in fp32, as autocast leaves it in one process
-    (docs/design.md#trainer-ranks). Needs torch.distributed initialized (by `launch`, or by a test's processes)
-    with a backend for the weights' device: nccl on GPUs, gloo on the CPU.
+    in fp32 (with the root: no FSDP hooks inside a layer), and the residual stream between them stays in fp32, as
+    autocast leaves it in one process (docs/design.md#trainer-ranks). Needs torch.distributed initialized (by
+    `launch`, or by a test's processes) with a backend for the weights' device: nccl on GPUs, gloo on the CPU.
     """
 
     ranks = (2, None)
@@ -128,14 +130,17 @@ class FSDP:
         mesh = DeviceMesh.from_group(self.group, self.device.type)  # the trainer ranks (engine processes apart)
         gathered = None if scorer.compute_dtype == torch.float32 else scorer.compute_dtype
         # the layers' inputs as they come (the residual stream in fp32, as under autocast in one process), their
-        # matmuls' weights gathered in the compute dtype (autocast's cast of them), their norms in fp32
+        # matmuls' weights gathered in the compute dtype (autocast's cast of them), their norms in fp32 (the root's)
         layers = MixedPrecisionPolicy(param_dtype=gathered, reduce_dtype=torch.float32, cast_forward_inputs=False)
         fp32 = MixedPrecisionPolicy(reduce_dtype=torch.float32, cast_forward_inputs=False)
-        groups = []
-        for layer in scorer.model.get_decoder().layers:
-            groups += [fully_shard(norm, mesh=mesh, mp_policy=fp32) for norm in _norms(layer)]
-            groups.append(fully_shard(layer, mesh=mesh, mp_policy=layers))
-        groups.append(fully_shard(scorer, mesh=mesh, mp_policy=fp32))
+        # top down, the root first: its group takes every decoder layer's norms (gathered in fp32 with the embeddings,
+        # once a pass), so that a layer's group is its matmuls alone and FSDP2's hooks are on the layer, none on a
+        # norm inside it, which would cut a compiled layer's graph (docs/training.md#a-compiled-decoder)
+        decoder = scorer.model.get_decoder().layers
+        matmuls = {p for layer in decoder for p in set(layer.parameters()) - _norm_weights(layer)}
+        groups = [fully_shard(scorer, mesh=mesh, mp_policy=fp32, ignored_params=matmuls)]
+        groups += [fully_shard(layer, mesh=mesh, mp_policy=layers, ignored_params=_norm_weights(layer))
+                   for layer in decoder]
         for group in groups:  # each shard group reduces its own gradients
             group.set_gradient_divide_factor(1.0)  # a sum over ranks: each rank's loss is its share of the whole
             group.set_force_sum_reduction_for_comms(True)  # as plain SUM (gloo has no pre-multiplied sum)
