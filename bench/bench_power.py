@@ -9,11 +9,13 @@ that do not depend on any verdict, and every design is applied to the same pairs
     adaptive          the adaptive sweep's rule at its looks, every 1/8 of the budget (analysis/adaptive.py's
                       decide, the call a job makes); "margin 0.03", "margin 0.05": with sweep.margin_A declared
     cut 1/2, cut 1/4  every run stopped at half (a quarter) of its budget, for scale
-    2 x 1/2           two seeds of each at half the budget each (the same GPU-hours as one full run)
+    2 x 1/2           two seeds of each at half the budget each (the same GPU-hours as one full run); any "k x f"
+                      (k seeds of each, f of 1, 1/2, 1/4 of the budget each: "4 x 1", "8 x 1/2") likewise
     2 base            one seed of the variant, two of the base (recipe level: the spread measured)
 
 Effects: dA = 0 (null pairs: a claim of A is false), -0.02, -0.03, -0.05 (B and C_mid held); a B-only move (dB -0.5,
-C_mid x 1.3, dA 0: loo-8op's shape: a claim of A is false); dB -0.25. At the run level both runs have the law's A
+C_mid x 1.3, dA 0: loo-8op's shape: a claim of A is false); dB -0.25 and dB -0.5 (C_mid held). Both levels, every
+effect: power and false claims at the run level and at the recipe level. At the run level both runs have the law's A
 (do these runs differ?); at the recipe level each run's A is drawn around its recipe's with the mock's run_sd_A
 (0.006) (and its B with --spread-B on the real layer), and claims are judged against the recipes (do the recipes
 differ?), read three ways: the run-level verdict taken as a claim about the recipes (what the report said before),
@@ -47,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -84,11 +87,25 @@ class Effect:
 
 
 EFFECTS = (Effect("dA 0 (null)"), Effect("dA -0.02", dA=-0.02), Effect("dA -0.03", dA=-0.03),
-           Effect("dA -0.05", dA=-0.05), Effect("B only (8op)", dB=-0.5, C_mid=1.3), Effect("dB -0.25", dB=-0.25))
-RUN_DESIGNS = ("full", "adaptive", "margin 0.03", "margin 0.05", "cut 1/2", "cut 1/4", "2 x 1/2")
-RECIPE_DESIGNS = ("full", "adaptive", "2 x 1/2", "2 base")
+           Effect("dA -0.05", dA=-0.05), Effect("B only (8op)", dB=-0.5, C_mid=1.3), Effect("dB -0.25", dB=-0.25),
+           Effect("dB -0.5", dB=-0.5))
+RUN_DESIGNS = ("full", "adaptive", "margin 0.03", "margin 0.05", "cut 1/2", "cut 1/4", "2 x 1/2", "2 base")
+RECIPE_DESIGNS = RUN_DESIGNS  # every design at both levels
+FRACTIONS = {"1": 1.0, "1/2": 0.5, "1/4": 0.25}
 MARGINS = {"adaptive": None, "margin 0.03": 0.03, "margin 0.05": 0.05}
-SHARE = {"full": 1.0, "cut 1/2": 0.5, "cut 1/4": 0.25, "2 x 1/2": 1.0}
+SHARE = {"full": 1.0, "cut 1/2": 0.5, "cut 1/4": 0.25, "2 base": 10 / 9}  # the LOO mix: 8 + base
+
+
+def seeds_design(design: str) -> tuple[int, float] | None:
+    """ "4 x 1/2" -> (4, 0.5): k seeds of the variant and of the base, each f of the budget; None for another."""
+    found = re.fullmatch(r"(\d+) x (1|1/2|1/4)", design)
+    return (int(found.group(1)), FRACTIONS[found.group(2)]) if found else None
+
+
+def share(design: str) -> float:
+    """A fixed design's GPU-hours on the mock's LOO mix (8 variants, one base), over the one-seed full sweep's."""
+    k = seeds_design(design)
+    return k[0] * k[1] if k else SHARE.get(design, math.nan)
 
 
 def loo_mix() -> list[Effect]:
@@ -224,10 +241,11 @@ def run_pair(args) -> dict:
             f = 0.5 if design == "cut 1/2" else 0.25
             record(design, compare([v.upto_step(round(f * steps))], [b.upto_step(round(f * steps))],
                                    spreads=spreads))
-        elif design == "2 x 1/2":
-            half = steps // 2
-            record(design, compare([v.upto_step(half), run(truth_v, half)], [b.upto_step(half), run(truth_b, half)],
-                                   spreads=spreads))
+        elif seeds_design(design):
+            k, f = seeds_design(design)
+            cut = round(f * steps)
+            record(design, compare([v.upto_step(cut)] + [run(truth_v, cut) for _ in range(k - 1)],
+                                   [b.upto_step(cut)] + [run(truth_b, cut) for _ in range(k - 1)], spreads=spreads))
         elif design == "2 base":
             record(design, compare([v], [b, run(truth_b)], spreads=spreads))
     return out
@@ -341,8 +359,9 @@ def gauss_claims(effect: Effect, design: str, n: int, rng, *, futility: float, t
     from analysis.sequential import boundaries, predictive_claim
 
     seeds, base_seeds, fractions = 1, 1, LOOKS
-    if design == "2 x 1/2":
-        seeds, base_seeds, fractions = 2, 2, (0.5,)
+    if seeds_design(design):
+        seeds, f = seeds_design(design)
+        base_seeds, fractions = seeds, (f,)
     elif design == "2 base":
         base_seeds, fractions = 2, (1.0,)
     elif design.startswith("cut"):
@@ -409,9 +428,7 @@ def gauss(args) -> dict:
         rows = {}
         for effect in (EFFECTS if level == "run" else EFFECTS[:1]):
             n = args.gauss_pairs
-            for design in (RUN_DESIGNS if level == "run" else RECIPE_DESIGNS):
-                if design not in args.designs:
-                    continue
+            for design in args.designs:
                 reads = [(0.0, None)] if level == "run" else [(NOISE.run_sd_A, None), (NOISE.run_sd_A, 0.015),
                                                               (NOISE.run_sd_A, NOISE.run_sd_A)]
                 got = [gauss_claims(effect, design, n, rng, futility=args.futility, tau_true=tt,
@@ -426,8 +443,8 @@ def gauss(args) -> dict:
                 spent.append(gauss_claims(e, design, 4000, rng, futility=args.futility)["spent"])
             spent = np.array(spent)  # variants x pairs: the base runs to the last variant's stop
             mix[design] = float((spent.sum(axis=0) + spent.max(axis=0)).mean() / (len(spent) + 1))
-        elif design in SHARE:
-            mix[design] = SHARE[design]
+        elif not math.isnan(share(design)):
+            mix[design] = share(design)
     figures["gpu_hours"] = mix
     if "recipe" in args.levels:
         figures["null sweeps"] = null_sweeps(args.gauss_pairs, rng)
@@ -471,7 +488,7 @@ def rates(results: list[dict], design: str, which: int = 0) -> dict:
            "B": sum(c[1] != 0 for c in got) / n, "B down": sum(c[1] < 0 for c in got) / n,
            "compute": sum(c[2] != 0 for c in got) / n, "any": sum(any(c) for c in got) / n}
     spent = [r[design + " spent"] for r in results if design + " spent" in r]
-    out["spent"] = float(np.mean(spent)) if spent else SHARE.get(design, math.nan)
+    out["spent"] = float(np.mean(spent)) if spent else share(design)
     return out
 
 
@@ -489,9 +506,31 @@ def se(p: float, n: int) -> float:
     return math.sqrt(max(p * (1 - p), 1e-12) / max(n, 1))
 
 
+READINGS = ("the runs' verdict", "the recipes' verdict, prior", "the recipes' verdict, the runs' spread")
+POWER_COLUMNS = (("dA 0 (null)", "false A", "A"), ("dA 0 (null)", "false B", "B"), ("dA -0.02", "dA -0.02", "A down"),
+                 ("dA -0.03", "dA -0.03", "A down"), ("dA -0.05", "dA -0.05", "A down"),
+                 ("dB -0.25", "dB -0.25", "B down"), ("dB -0.5", "dB -0.5", "B down"),
+                 ("B only (8op)", "false A at B only", "A"))
+
+
+def power_table(rows: dict, designs: tuple[str, ...], which: int, title: str) -> None:
+    """One row a design: false claims at no effect, power at each move (the claim in its direction), and the false
+    A claim at the B-only move; `which`: the reading (0 the runs' verdict, 1.. the recipes' under each spread)."""
+    cols = [c for c in POWER_COLUMNS if c[0] in rows]
+    print(f"\n{title}: false claims at no effect, power (the move claimed in its direction), pairs per column")
+    print("| design | " + " | ".join(c[1] for c in cols) + " | pairs |\n|---|" + "---|" * (len(cols) + 1))
+    for d in designs:
+        got = [rows[c[0]][d][which] for c in cols if d in rows[c[0]]]
+        if len(got) != len(cols):
+            continue
+        n = "/".join(dict.fromkeys(str(g["n"]) for g in got))
+        print(f"| {d} | " + " | ".join(f"{g[c[2]]:.3f}" for g, c in zip(got, cols)) + f" | {n} |")
+
+
 def print_tables(figures: dict, designs: tuple[str, ...]) -> None:
     if "run" in figures:
-        ds = [d for d in RUN_DESIGNS if d in designs]
+        power_table(figures["run"], designs, 0, "run level (both runs on the law: do these runs differ?)")
+        ds = list(designs)
         print("\nrun level (both runs on the law: do these runs differ?); power: A claimed down at dA < 0; false: A "
               "claimed at no change of A; B rows: B claimed down, A claimed (false)")
         print("| effect | " + " | ".join(ds) + " |\n|---|" + "---|" * len(ds))
@@ -501,16 +540,12 @@ def print_tables(figures: dict, designs: tuple[str, ...]) -> None:
         print("| spent (null pairs) | " + " | ".join(f"{figures['run'][EFFECTS[0].name][d][0]['spent']:.0%}"
                                                      for d in ds if d in figures["run"][EFFECTS[0].name]) + " |")
     if "recipe" in figures:
-        ds = [d for d in RECIPE_DESIGNS if d in designs]
         print("\nrecipe level (run A drawn around one recipe with sd 0.006, and B with --spread-B on the real layer): "
-              "each effect's figure read as the run-level verdict / the recipe-level verdict with the prior (A 0.015, "
-              "B unknown) / with the runs' own spread")
-        print("| effect | design | runs' verdict | recipes', prior | recipes', the runs' spread |\n|---|---|---|---|---|")
-        for name, row in figures["recipe"].items():
-            effect = next(e for e in EFFECTS if e.name == name)
-            for d in ds:
-                if d in row:
-                    print(f"| {name} | {d} | " + " | ".join(cell(effect, r) for r in row[d]) + " |")
+              "do the recipes differ? Each design read three ways: the run-level verdict taken as a claim about the "
+              "recipes; the recipe-level verdict with the prior of the spread (A 0.015, B unknown: no B claim); the "
+              "recipe-level verdict with the runs' own spread (as replicates would measure it)")
+        for which, reading in enumerate(READINGS):
+            power_table(figures["recipe"], designs, which, f"recipe level, {reading}")
     if "null sweeps" in figures:
         print("\nLOO sweeps with no effect (8 variants, one base run; runs spread by 0.006): false A claims")
         print("| reading | per verdict | sweeps with 2 or more |\n|---|---|---|")
@@ -530,8 +565,8 @@ def fits(args) -> dict:
                   own_points=args.points == "donor")
     with ProcessPoolExecutor(args.jobs) as pool:
         for level in args.levels:
-            designs = tuple(d for d in (RUN_DESIGNS if level == "run" else RECIPE_DESIGNS) if d in args.designs)
-            for effect in (EFFECTS if level == "run" or args.recipe_effects else EFFECTS[:1]):
+            designs = args.designs
+            for effect in EFFECTS:
                 n = args.null if effect.null else args.pairs
                 todo = [(effect, seed, level, designs, args.futility, noise) for seed in range(n)]
                 results = list(pool.map(run_pair, todo, chunksize=4))
@@ -540,7 +575,7 @@ def fits(args) -> dict:
                                                               for d in designs}
                 print(f"  {level} {effect.name}: {n} pairs", flush=True)
         adaptive_designs = [d for d in args.designs if d in MARGINS]
-        hours = {d: SHARE[d] for d in args.designs if d in SHARE}
+        hours = {d: share(d) for d in args.designs if not math.isnan(share(d))}
         if adaptive_designs and args.sweeps:
             spent = list(pool.map(run_sweep, [(seed, tuple(adaptive_designs), args.futility, noise)
                                               for seed in range(args.sweeps)]))
@@ -560,8 +595,6 @@ def main() -> None:
     parser.add_argument("--points", choices=("mock", "donor"), default="mock",
                         help="the real layer's points: the mock's clock (its 50 validations), or each donor's own "
                              "(its length and spacing; the full design and 2 base only)")
-    parser.add_argument("--recipe-effects", action="store_true",
-                        help="the recipe level at every effect (power), not only at no effect")
     parser.add_argument("--null", type=int, default=500, help="null pairs per level (>= 500 tells 0.02 from 0.05)")
     parser.add_argument("--pairs", type=int, default=200, help="pairs per non-null effect")
     parser.add_argument("--gauss-pairs", type=int, default=20000, help="pairs per effect in the Gaussian layer")
@@ -575,6 +608,9 @@ def main() -> None:
     from analysis.adaptive import FUTILITY
 
     args.designs = tuple(d.strip() for d in args.designs.split(","))
+    unknown = [d for d in args.designs if d not in RUN_DESIGNS and not seeds_design(d)]
+    if unknown:
+        parser.error(f"--designs: unknown {unknown}; known: {', '.join(RUN_DESIGNS)}, or 'k x f' (f 1, 1/2, 1/4)")
     args.levels = tuple(args.levels.split(","))
     args.futility = FUTILITY if args.futility is None else args.futility
     if args.points == "donor" and (args.layer != "real" or set(args.designs) - {"full", "2 base"}):
