@@ -135,6 +135,7 @@ def check_sweep(cfg: DictConfig) -> None:
                          f"sweep.seeds={cfg.sweep.seeds} and sweep.base_seeds={cfg.sweep.base_seeds} must be 1 (a "
                          "sweep of several seeds runs them to their budget)")
     check_spread(cfg.sweep)
+    check_question(cfg.sweep)
     if cfg.sweep.adaptive:
         check_settings(cfg.sweep, int(cfg.train.steps))
 
@@ -159,6 +160,7 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     if cfg.sweep.dry_run:
         if len(planned) > 1:  # the designs compare variants: none for one run
             print_designs(cfg, planned)
+            print_question(cfg, planned)
         return 0
     uri = tracking.check_reachable(cfg.tracking.uri, cfg.tracking.timeout_s)  # before any job starts
     client = tracking.client(uri)
@@ -286,6 +288,104 @@ def print_designs(cfg: DictConfig, planned: Sequence[Planned]) -> None:
     print(f"  {'design':<{width}}  these runs  the recipes  GPU-hours")
     for r in rows:
         print(f"  {r.design.name:<{width}}  {r.runs:>10.3f}  {r.recipes:>11.3f}  {r.gpu_hours:>8.2f}x")
+
+
+LEVELS = ("runs", "recipes")
+A_MARGIN = 0.02  # the paper's: A values within 0.02 are equal (analysis.rank.A_TIE)
+
+
+def check_question(sweep: DictConfig) -> None:
+    """sweep.margin_B, sweep.level, sweep.budget_gpu_hours (margin_A: ablate/rungs.py's check): one line each."""
+    if str(sweep.get("level", "recipes")) not in LEVELS:
+        raise ValueError(f"sweep.level={sweep.level}: runs or recipes (the verdicts about these runs, or the recipes)")
+    margin_B = sweep.get("margin_B")
+    if margin_B is not None and not float(margin_B) > 0:
+        raise ValueError(f"sweep.margin_B={margin_B}: the smallest move of B that matters, above 0, or null")
+    budget = sweep.get("budget_gpu_hours")
+    if budget is not None and not float(budget) > 0:
+        raise ValueError(f"sweep.budget_gpu_hours={budget}: GPU-hours above 0, or null (no budget)")
+
+
+def run_gpu_hours(p: Planned) -> float:
+    """One run's GPU-hours at its full budget: the mock's own (generator.gpu_hours), else the cost model's
+    (ablate/cost.py) at the run's layout, completions of half their budget, its own rows trained."""
+    from ablate import checks, cost
+
+    if "gpu_hours" in p.cfg.generator and p.cfg.generator.get("simulated", False):
+        return float(p.cfg.generator.gpu_hours)
+    params = checks.model_shape(p.cfg.model).params
+    budget = int(p.cfg.generation.max_think_tokens) + int(p.cfg.generation.max_answer_tokens)
+    return cost.estimate(p.cfg, params, budget / 2, cost.rows_trained(p.cfg)).gpu_hours
+
+
+def question_of(cfg: DictConfig):
+    """The sweep's stated question (analysis.design.Question) from sweep.margin_A (unset: the paper's 0.02),
+    margin_B, level, budget_gpu_hours and the prior spread (sweep.run_sd_A, run_sd_B)."""
+    from analysis.design import Question
+
+    sweep = cfg.sweep
+    margin_A = sweep.get("margin_A")
+    return Question(margin_A=float(margin_A) if margin_A is not None else A_MARGIN,
+                    margin_B=float(sweep.margin_B) if sweep.get("margin_B") is not None else None,
+                    level=str(sweep.get("level", "recipes")),
+                    budget=float(sweep.budget_gpu_hours) if sweep.get("budget_gpu_hours") is not None else None,
+                    spread_A=float(sweep.run_sd_A), spread_B=float(sweep.run_sd_B))
+
+
+def print_question(cfg: DictConfig, planned: Sequence[Planned]) -> None:
+    """The designs that answer the sweep's question (analysis.design.cheapest): seeds a variant, seeds of the base,
+    each run's length, power at the margins at the level asked, the false-claim rate, GPU-hours at the preset's
+    layout (run_gpu_hours); the cheapest reaching the power within the budget marked, or a plain line that none
+    does and what budget would."""
+    from analysis.design import DESIGNS, MAX_SEEDS, Design, answer, cheapest, run_sds
+
+    q = question_of(cfg)
+    base = [p for p in planned if p.variant.name == planned[0].variant.name and not p.variant.replica][:1]
+    variants = [p for p in planned if p.variant.name != planned[0].variant.name and not p.variant.replica]
+    hours = (sum(run_gpu_hours(p) for p in variants), run_gpu_hours(base[0]))
+    first = planned[0].cfg
+    points = max(int(first.train.steps) // max(int(first.train.val_every), 1), 5)
+    gen = first.generator
+    prompts, samples = (int(gen.val_prompts), int(gen.val_samples)) if "val_prompts" in gen else \
+        (int(first.task.n_val_prompts), int(first.task.val_samples))
+    kw = dict(points=points, val_prompts=prompts, val_samples=samples)
+    this = Design("this sweep", int(cfg.sweep.seeds), int(cfg.sweep.base_seeds))
+    fixed = [answer(d, q, sds=run_sds(d.fraction, **kw), hours=hours) for d in (this, *DESIGNS)]
+    found = cheapest(q, hours=hours, **kw)
+    within = [a for a in found if q.budget is None or a.gpu_hours <= q.budget]
+    b_said = (f", |dB| >= {q.margin_B:g}" if q.margin_B else "")
+    print(f"the question: |dA| >= {q.margin_A:g}{b_said} about the {q.level}, found {q.power:.0%} of the time"
+          + (f", within {_hours(q.budget)} GPU-hours" if q.budget else "") + f" (sweep.margin_A, margin_B, level, "
+          f"budget_gpu_hours; a spread of A between runs of {q.spread_A:.3f}; {len(variants)} variants at "
+          f"{_hours(hours[0])} GPU-hours a seed, the base {_hours(hours[1])}: docs/fitting.md#a-stated-question)")
+    if q.margin_B and q.level == "recipes" and not q.spread_B:
+        print("  B: no claim about the recipes' B (no spread of B between runs is known: sweep.run_sd_B); the "
+              "designs are chosen on A")
+    rows = [("design", "seeds a variant", "base seeds", "run length", "power A", "power B", "false claims",
+             "GPU-hours", "")]
+    mark = within[0] if within else None
+    for a in (*fixed, *found):
+        d = a.design
+        rows.append((d.name, str(d.seeds), str(d.base_seeds), f"{d.fraction:g} of the budget",
+                     f"{a.power_A:.2f}", "-" if a.power_B != a.power_B else f"{a.power_B:.2f}",
+                     f"{a.false_claims:.3f}", _hours(a.gpu_hours),
+                     "<- the cheapest at " + f"{q.power:.0%}" + (" within the budget" if q.budget else "")
+                     if a is mark else ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  " + "  ".join(c.rjust(w) if 0 < i < 8 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+              .rstrip())
+    if not found:
+        print(f"  no design of up to {MAX_SEEDS} seeds a variant reaches {q.power:.0%} power at these margins "
+              f"about the {q.level}")
+    elif not within:
+        print(f"  none reaches {q.power:.0%} power within {_hours(q.budget)} GPU-hours: the cheapest that does needs "
+              f"{_hours(found[0].gpu_hours)} ({found[0].design.name}, each {found[0].design.fraction:g} of the budget)")
+
+
+
+def _hours(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
 def interrupt(submission: Submission, client, parent: str, wait_s: float = 15.0) -> int:

@@ -425,6 +425,12 @@ class Sweep:
     alpha: float = 0.02  # a claim's false-claim rate over all looks: the one-look verdict's, spent over the looks
     futility: float = 0.10  # a claim the full budget would make with less than this predictive chance: settled unmade
     margin_A: Optional[float] = None  # declared: moves of A smaller than this do not matter (an earlier "no change")
+    # the question the sweep answers (docs/fitting.md#a-stated-question): the smallest moves of A (margin_A; unset:
+    # the paper's 0.02) and of B that matter, at the level of the runs or of the recipes, within a budget
+    # (GPU-hours; unset: none); the dry run prints the designs that answer it and marks the cheapest
+    margin_B: Optional[float] = None
+    level: str = "recipes"  # runs | recipes
+    budget_gpu_hours: Optional[float] = None
     base_wait_min: float = 120.0  # how long a variant waits at a rung for the base recipe to reach its compute
     # continue, from their checkpoints, into the same runs: runs an adaptive sweep stopped (to their budget), and runs
     # of a smaller train.steps that kept their checkpoint (to this one)
