@@ -488,8 +488,9 @@ def make_report(cfg: DictConfig, uri: str, sid: str, run_ids: Sequence[str]) -> 
     from analysis import make_report as report
 
     out = Path(cfg.paths.outputs) / "reports" / sid
+    margin = cfg.sweep.get("margin_A")
     result = report(cfg.tracking.experiment, tracking_uri=uri, out_dir=out, sweep=sid, run_ids=list(run_ids),
-                    spread=spread_prior(cfg.sweep))
+                    spread=spread_prior(cfg.sweep), margin_A=float(margin) if margin is not None else A_MARGIN)
     print(result.table_md)
     print(f"report: {result.html.resolve()}")
     if result.artifact_error:

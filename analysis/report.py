@@ -34,7 +34,7 @@ from analysis.posterior import FitState, fit_state
 from analysis.misfit import Misfit, misfit
 from analysis.rank import (A_NOT_IDENTIFIED, A_TIE, BASELINE, CATEGORIES, MISFIT, NO_VERDICT, NOT_TESTABLE, Ranked,
                            Verdict, rank_fits, verdict)
-from analysis.spread import Spread, estimate, recipe_verdict
+from analysis.spread import MARGIN_A, Spread, ToClose, estimate, recipe_verdict, to_close
 from analysis.runs import (
     ALL_SWEEPS,
     NoRuns,
@@ -66,10 +66,11 @@ CSV_EXTRA = ["C_mid_lo", "C_mid_hi", "rank", "rank_common_A", "rank_B", "rank_B_
              "true_dB", "true_compute_ratio", "truth_says", "truth_disagrees", "notes",
              "verdict_recipe", "dA_recipe", "resolution_dA_recipe", "resolution_dB_recipe", "spread_sd_A",
              "spread_sd_B", "spread_source", "recipe_truth_says", "recipe_truth_disagrees", "compared_to_gpu_hours",
-             "extrap_covered", "misfit", "misfit_z"]
+             "extrap_covered", "misfit", "misfit_z", "more_seeds_variant", "more_seeds_base", "more_seeds_gpu_hours"]
 # after the notes: the verdict about the recipes (the spread between runs added: analysis/spread.py) and what it used,
 # its judgement by the mock's recipe truth, an adaptive sweep's cut of the base; whether the half-run check's
-# prediction held the observed end, and the run's strongest departure from the law (analysis/misfit.py) with its z
+# prediction held the observed end, and the run's strongest departure from the law (analysis/misfit.py) with its z;
+# what would settle an open recipe-level verdict at the margin (analysis/spread.py's to_close): more seeds of each side
 ARTIFACT_DIR = "report"
 EXTRAPOLATION_FRACTION = 0.5
 
@@ -100,6 +101,7 @@ class ReportRow:
     recipe_expected: Expected | None = None
     compared_to: float | None = None  # an adaptive sweep's: the compute the base was cut at for its verdict
     misfit: Misfit | None = None  # the strongest departure from the law (flagged: the law does not describe it)
+    to_close: ToClose | None = None  # an open recipe-level verdict: the seeds that would settle it at the margin
 
     @property
     def note(self) -> str:
@@ -246,6 +248,7 @@ def make_report(
     run_ids: Collection[str] | None = None,
     spread: Spread | None = None,
     c_min: float | None = None,
+    margin_A: float = MARGIN_A,
 ) -> Report:
     """Fit every variant of one sweep of `experiment` (the latest unless `sweep` names one; ALL_SWEEPS: every
     sweep; or only `run_ids`), rank them, write the report files to out_dir (default reports/<experiment>) and
@@ -272,7 +275,7 @@ def make_report(
     report = report_curves(
         curves, experiment, out_dir, prior=spread if spread is not None else _spread_prior(uri, parent),
         c_min=c_min, sweep=sweep if run_ids is None else None, others=tuple(s for s in seen if s.id != sweep),
-        picked=picked)
+        picked=picked, margin_A=margin_A)
     if parent is not None:
         try:
             _attach(uri, parent, report.paths)
@@ -315,14 +318,16 @@ def report_other_runs(runs: list[SourceRun], mapping: Mapping = Mapping(), *, ti
 
 def report_curves(curves: list[RunCurve], title: str, out_dir=None, *, prior: Spread = Spread(),
                   c_min: float | None = None, base: str | None = BASELINE, sweep: str | None = None,
-                  others: tuple = (), picked: bool = False, source: str = "", mapping: tuple[str, ...] = ()) -> Report:
+                  others: tuple = (), picked: bool = False, source: str = "", mapping: tuple[str, ...] = (),
+                  margin_A: float = MARGIN_A) -> Report:
     """Fit, rank and judge `curves` against the variant `base`, and write the report's files to out_dir (default
     reports/<title>): the pipeline after the runs are read, whoever logged them."""
     out = Path(out_dir) if out_dir is not None else Path("reports") / _safe(title)
     out.mkdir(parents=True, exist_ok=True)
     unit = curves[0].unit if curves else "GPU-hours"
     base_name = base if base is not None else BASELINE
-    rows, used = variant_rows(curves, out, prior=prior, with_spread=True, c_min=c_min, base=base_name)
+    rows, used = variant_rows(curves, out, prior=prior, with_spread=True, c_min=c_min, base=base_name,
+                              margin_A=margin_A)
     base_row = next((row for row in rows if row.verdict.label == "base"), None)
     for row in rows:
         title_of = f"{row.label} ({_seeds(row)}, {row.run_status})"
@@ -451,10 +456,12 @@ class Judging:
     spread: Spread
     base_name: str
     unit: str  # as the verdicts' details say it ("GPU-h")
+    margin_A: float = MARGIN_A  # the move of A that matters: an open recipe-level verdict says what settles it there
 
 
 def variant_rows(curves: list[RunCurve], out: Path = Path("."), *, prior: Spread = Spread(),
-                 with_spread: bool = False, c_min: float | None = None, base: str = BASELINE):
+                 with_spread: bool = False, c_min: float | None = None, base: str = BASELINE,
+                 margin_A: float = MARGIN_A):
     """Complete runs: grouped into variants, fitted, ranked, judged against the base (these runs, and the recipes
     with the spread between runs that the seeds and `prior` give); then incomplete runs, grouped and fitted, with no
     rank and no verdict; every fit leaves out the points below `c_min` (None: the paper's cut, 1.5/16 of each
@@ -471,7 +478,7 @@ def variant_rows(curves: list[RunCurve], out: Path = Path("."), *, prior: Spread
     ranked += [Ranked(rank=None, name=v.label, fit=v.fit, index=i) for i, v in enumerate(variants) if i >= n]
     used = estimate([v.seeds for v in variants[:n]], prior)
     unit = "GPU-h" if not curves or curves[0].unit == "GPU-hours" else curves[0].unit
-    judging = Judging(out, c_min, used, base, unit)
+    judging = Judging(out, c_min, used, base, unit, margin_A)
     base_variant = _base_of(variants[:n], base)
     base_at = functools.cache(lambda compute: cut_at(base_variant, compute, c_min))  # one refit a cut, this report's
     rows = [_row(variants[r.index], r, base_variant, base_at, judging) for r in ranked]
@@ -489,6 +496,11 @@ def _row(variant: Fitted, r: Ranked, base: Fitted | None, base_at, judging: Judg
                              bound=rule.recipe_bound if rule is not None else None)
               if against is not None and v.label in (*CATEGORIES, A_NOT_IDENTIFIED) else None)
     expected_, recipe_expected = _expected(variant, base, v, recipe)
+    closing = None
+    if recipe is not None and against is not None and variant is not base:
+        cost = tuple(sum(c.c_max for c in side.curves) / len(side.curves) for side in (variant, base))
+        closing = to_close(recipe, variant.seeds, base.seeds if base is not None else against.seeds, judging.spread,
+                           cost, judging.margin_A)
     why = variant.incomplete
     return ReportRow(
         rank=r.rank,
@@ -511,6 +523,7 @@ def _row(variant: Fitted, r: Ranked, base: Fitted | None, base_at, judging: Judg
         recipe_expected=recipe_expected,
         compared_to=rule.compute if rule is not None else None,
         misfit=variant.misfit,
+        to_close=closing,
     )
 
 
@@ -725,6 +738,8 @@ def _write_csv(rows: list[ReportRow], path: Path, spread: Spread = Spread()) -> 
                        departs.text(row.curve.unit if row.curve.unit != "GPU-hours" else "GPU-h")
                        if departs is not None and departs.flagged else "",
                        _csv_num(departs.z) if departs is not None else ""]
+            k = row.to_close
+            recipe += [k.variant, k.base, _csv_num(k.gpu_hours)] if k is not None else [""] * 3
             fit, v, ex, b_fit = row.fit, row.verdict, row.extrapolation, row.ranked.b_fit
             if fit.ok:
                 numbers = [fit.A, *fit.ci["A"], fit.B, *fit.ci["B"], fit.C_mid, fit.R0, fit.n_points]

@@ -204,3 +204,71 @@ def resolution_A(sd_A_run: float, spread_sd: float, seeds: int = 1, base_seeds: 
     sqrt((s^2 + tau^2) / seeds + (s^2 + tau^2) / base_seeds)."""
     var = sd_A_run**2 + spread_sd**2
     return (c + _z(0.9)) * math.sqrt(var / seeds + var / base_seeds)
+
+
+MARGIN_A = 0.02  # the paper's: A values within 0.02 are equal; the margin a verdict is settled at, unless stated
+MAX_MORE = 256  # the most seeds a side `to_close` adds
+
+
+@dataclass(frozen=True)
+class ToClose:
+    """What would settle an open recipe-level verdict at the margin: `variant` more seeds of the variant and `base`
+    more of the base recipe, `gpu_hours` in all (each a seed of its side's mean compute), after which the
+    comparison's resolution on A is `resolution` (<= the margin: a move of the margin is found 9 times in 10)."""
+
+    variant: int
+    base: int
+    gpu_hours: float
+    resolution: float
+    margin: float
+
+    def text(self, name: str, base_name: str) -> str:
+        """ "to settle it at |dA| 0.02: 11 more seeds of loo-dapo and 30 of scalerl (952,000 GPU-h)" """
+        parts = [f"{k} more seed{'s' * (k != 1)} of {n}" for k, n in ((self.variant, name), (self.base, base_name)) if k]
+        return (f"to settle it at |ΔA| {self.margin:g}: {' and '.join(parts)} ({self.gpu_hours:,.0f} GPU-h; resolution "
+                f"{self.resolution:.3f} then)")
+
+
+def _side(fits: Sequence[SigmoidFit], tau: float) -> tuple[float, float] | None:
+    """(precision of the side's combined A, the sd of one more seed's A): its seeds' sds (mean of the two facing
+    halves) with tau added; None without a seed of bounded A."""
+    sds = [sum(seed_sd(f, "A", 1.0)) / 2 for f in fits if f.ok]
+    sds = [s for s in sds if math.isfinite(s)]
+    if not sds:
+        return None
+    return sum(1 / (s * s + tau * tau) for s in sds), sum(sds) / len(sds)
+
+
+def to_close(verdict: Verdict, variant: Sequence[SigmoidFit], base: Sequence[SigmoidFit], spread: Spread,
+             hours: tuple[float, float], margin: float = MARGIN_A, c: float = CRITICAL) -> ToClose | None:
+    """The cheapest number of more seeds of the variant and of the base (`hours`: a seed's GPU-hours on each side)
+    that brings an open recipe-level verdict's resolution on A to `margin`: (c + z_0.9) sqrt(1 / P_v + 1 / P_b) <=
+    margin, each side's precision P = sum 1 / (s_i^2 + tau^2) over its seeds, a new seed at the side's mean s. None
+    where the verdict is settled (A moved, or its resolution already within the margin) or seeds cannot settle it
+    (no seed of bounded A; A not identified: that takes compute, not seeds)."""
+    if verdict.label not in (NO_CHANGE, MOVES_B, MOVES_C) or not verdict.resolution:
+        return None
+    if verdict.resolution[0] <= margin:
+        return None
+    sides = _side(variant, spread.sd_A), _side(base, spread.sd_A)
+    if None in sides:
+        return None
+    (p_v, s_v), (p_b, s_b) = sides
+    w_v, w_b = 1 / (s_v**2 + spread.sd_A**2), 1 / (s_b**2 + spread.sd_A**2)
+    room = (margin / (c + _z(0.9))) ** 2  # the variance of the change the margin allows
+    best = None
+    for k in range(MAX_MORE + 1):
+        left = room - 1 / (p_v + k * w_v)
+        if left <= 0:
+            continue
+        kb = max(0, math.ceil((1 / left - p_b) / w_b - 1e-12))
+        if kb > MAX_MORE:
+            continue
+        cost = k * hours[0] + kb * hours[1]
+        if best is None or cost < best[0]:
+            res = (c + _z(0.9)) * math.sqrt(1 / (p_v + k * w_v) + 1 / (p_b + kb * w_b))
+            best = (cost, k, kb, res)
+    if best is None:
+        return None
+    cost, k, kb, res = best
+    return ToClose(variant=k, base=kb, gpu_hours=cost, resolution=res, margin=margin)

@@ -371,6 +371,8 @@ def verdict_lines(report) -> list[str]:
         r = row.recipe
         if r is not None and r.resolution:
             text += f". About the recipes: {r.text} (resolution {r.resolution_text}); {r.detail}"
+            if row.to_close is not None:
+                text += f"; {row.to_close.text(row.label, report.base_name)}"
         lines.append(text + ".")
     return lines
 
