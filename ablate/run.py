@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 import signal
 import sys
 import time
@@ -41,13 +42,14 @@ class Planned:
     lineage: str = ""  # the signature less train.steps (ablate/config.py)
 
 
-def plan(cfg: DictConfig, overrides: Sequence[str]) -> list[Planned]:
-    """The sweep's variants, each composed from the command line's overrides followed by its own."""
+def plan(cfg: DictConfig, overrides: Sequence[str], counts: dict[str, int] | None = None) -> list[Planned]:
+    """The sweep's variants, each composed from the command line's overrides followed by its own; `counts`: a
+    variant's seeds where more than sweep.seeds (sweep.base_seeds) asks (seeds_to_settle)."""
     emit = get_method(cfg.sweep.emit)
     base = [o for o in overrides if not override_key(o).startswith("sweep")]
     variants = emit(cfg, overrides)
     if cfg.sweep.name != "none":
-        variants = replicate(variants, int(cfg.seed), int(cfg.sweep.seeds), int(cfg.sweep.base_seeds))
+        variants = replicate(variants, int(cfg.seed), int(cfg.sweep.seeds), int(cfg.sweep.base_seeds), counts)
     planned = []
     for variant in variants:
         variant_cfg = compose(merge_overrides(base, variant.overrides)) if variant.overrides else cfg
@@ -59,8 +61,10 @@ def plan(cfg: DictConfig, overrides: Sequence[str]) -> list[Planned]:
 
 
 def sweep_id(cfg: DictConfig, planned: Sequence[Planned]) -> str:
-    """loo-3fa2c1: the sweep's kind and a hash of its variants' signatures (the same sweep gets the same id)."""
-    digest = hashlib.sha256(" ".join(sorted(p.signature for p in planned)).encode()).hexdigest()[:6]
+    """loo-3fa2c1: the sweep's kind and a hash of its variants' signatures at the command line's seed (the same
+    sweep gets the same id, with more seeds of any variant too: they go on in the same sweep)."""
+    first = [p.signature for p in planned if not p.variant.replica]
+    digest = hashlib.sha256(" ".join(sorted(first)).encode()).hexdigest()[:6]
     return f"{cfg.sweep.name}-{digest}"
 
 
@@ -147,6 +151,15 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     planned = plan(cfg, overrides)
     phases.done(f"composing and signing {len(planned)} variants")
     sid = sweep_id(cfg, planned)
+    if cfg.sweep.extend:  # the seeds the sweep's last report says would settle its open recipe-level verdicts
+        counts = seeds_to_settle(Path(cfg.paths.outputs) / "reports" / sid / "variants.csv")
+        if counts:
+            had = Counter(p.variant.name for p in planned)
+            planned = plan(cfg, overrides, counts)
+            now = Counter(p.variant.name for p in planned)
+            more = [f"{name} {had[name]} to {n}" for name, n in now.items() if n > had[name]]
+            print("sweep.extend=true: the seeds that settle the open verdicts about the recipes (the last report's): "
+                  + (", ".join(more) if more else "none: no verdict about the recipes is open at the margin"))
     print_plan(planned, f"sweep {sid}: {len(planned)} variant{'s' if len(planned) > 1 else ''}"
                + (" (dry run: nothing submitted)" if cfg.sweep.dry_run else ""))
     launcher = OmegaConf.to_container(cfg.launcher, resolve=True, enum_to_str=True)
@@ -254,6 +267,24 @@ class Phases:
 
     def __str__(self) -> str:
         return ", ".join(f"{seconds:.1f} s {phase}" for phase, seconds in self.seconds.items())
+
+
+def seeds_to_settle(variants_csv: Path) -> dict[str, int]:
+    """From a sweep's report (variants.csv): each variant whose recipe-level verdict is open, with the seeds it then
+    has plus the more it needs (more_seeds_variant); the base recipe with its seeds plus the most any verdict asks of
+    it (its seeds serve every variant); every other variant with the seeds it has (a re-sweep keeps them in the
+    sweep and its report). Empty without a report."""
+    import csv
+
+    from ablate.sweeps import RECIPE_VARIANT
+
+    if not variants_csv.exists():
+        return {}
+    rows = list(csv.DictReader(variants_csv.open()))
+    counts = {r["variant"]: int(r["n_seeds"] or 1) + int(r.get("more_seeds_variant") or 0) for r in rows}
+    base = max((int(r["more_seeds_base"]) for r in rows if r.get("more_seeds_base")), default=0)
+    counts[RECIPE_VARIANT] = counts.get(RECIPE_VARIANT, 1) + base
+    return counts
 
 
 def spread_prior(sweep: DictConfig) -> Spread:

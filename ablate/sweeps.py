@@ -33,14 +33,17 @@ class Variant:
         return self.name if not self.replica else f"{self.name} seed+{self.replica}"
 
 
-def replicate(variants: Sequence[Variant], seed: int, seeds: int, base_seeds: int) -> list[Variant]:
+def replicate(variants: Sequence[Variant], seed: int, seeds: int, base_seeds: int,
+              counts: dict[str, int] | None = None) -> list[Variant]:
     """Each variant `seeds` times and the recipe (RECIPE_VARIANT) `base_seeds` times, the replicates at seed + 1,
-    seed + 2, ... (sweep.seeds, sweep.base_seeds: docs/fitting.md#seeds-where-they-pay)."""
+    seed + 2, ... (sweep.seeds, sweep.base_seeds: docs/fitting.md#seeds-where-they-pay); `counts`: a variant's own
+    number of seeds where it is more (sweep.extend=true: the seeds that settle its open verdict)."""
     if seeds < 1 or base_seeds < 1:
         raise ValueError(f"sweep.seeds={seeds}, sweep.base_seeds={base_seeds}: at least one run of each")
     out = []
     for v in variants:
         n = base_seeds if v.name == RECIPE_VARIANT else seeds
+        n = max(n, (counts or {}).get(v.name, 0))
         out += [v] + [replace(v, overrides=(*v.overrides, f"seed={seed + k}"), replica=k) for k in range(1, n)]
     return out
 
