@@ -224,7 +224,8 @@ class ToClose:
 
     def text(self, name: str, base_name: str) -> str:
         """ "to settle it at |dA| 0.02: 11 more seeds of loo-dapo and 30 of scalerl (952,000 GPU-h)" """
-        parts = [f"{k} more seed{'s' * (k != 1)} of {n}" for k, n in ((self.variant, name), (self.base, base_name)) if k]
+        sides = ((self.variant, name), (self.base, base_name))
+        parts = [f"{k} more seed{'s' * (k != 1)} of {n}" for k, n in sides if k]
         return (f"to settle it at |ΔA| {self.margin:g}: {' and '.join(parts)} ({self.gpu_hours:,.0f} GPU-h; resolution "
                 f"{self.resolution:.3f} then)")
 
