@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import Counter
 import signal
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -412,7 +412,6 @@ def print_question(cfg: DictConfig, planned: Sequence[Planned]) -> None:
     elif not within:
         print(f"  none reaches {q.power:.0%} power within {_hours(q.budget)} GPU-hours: the cheapest that does needs "
               f"{_hours(found[0].gpu_hours)} ({found[0].design.name}, each {found[0].design.fraction:g} of the budget)")
-
 
 
 def _hours(x: float) -> str:

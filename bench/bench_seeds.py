@@ -154,8 +154,8 @@ def main() -> None:
         n_fixed, b_fixed = min(((n, b) for n in range(1, 64) for b in range(1, 128)
                                 if answer(Design("", n, b), q, sds=(s, 0.0), hours=(8.0, 1.0)).reaches()),
                                key=lambda nb: VARIANTS * nb[0] + nb[1])
-    print(f"{args.layer} layer; fixed design: {n_fixed} seeds a variant, {b_fixed} of the base, full length (one run's sd of A {s:.4f}, "
-          f"spread {args.tau}); {args.looks} looks, {args.start} seeds each to start, futility {args.futility}, "
+    print(f"{args.layer} layer; fixed design: {n_fixed} seeds a variant, {b_fixed} of the base, full length (one "
+          f"run's sd of A {s:.4f}, spread {args.tau}); {args.looks} looks, {args.start} seeds each to start, futility {args.futility}, "
           f"maximum information x{args.inflate}")
     rng = np.random.default_rng(0)
     kw = dict(s=s, tau=args.tau, n_fixed=n_fixed, b_fixed=b_fixed, looks=args.looks, start=args.start,
