@@ -29,7 +29,7 @@ from ablate.rungs import check_settings
 from ablate.sweeps import Variant, replicate
 from analysis.report import SPREAD_TAG
 from analysis.runs import END_REASON_TAG, EXTENDED_TAG, SETTLED_TAG
-from analysis.spread import Spread
+from analysis.spread import MARGIN_A, Spread
 from launch.status import ALIVE, job_states
 from launch.submit import JobSpec, Submission, resolve_cluster, submit
 
@@ -322,7 +322,6 @@ def print_designs(cfg: DictConfig, planned: Sequence[Planned]) -> None:
 
 
 LEVELS = ("runs", "recipes")
-A_MARGIN = 0.02  # the paper's: A values within 0.02 are equal (analysis.rank.A_TIE)
 
 
 def check_question(sweep: DictConfig) -> None:
@@ -356,7 +355,7 @@ def question_of(cfg: DictConfig):
 
     sweep = cfg.sweep
     margin_A = sweep.get("margin_A")
-    return Question(margin_A=float(margin_A) if margin_A is not None else A_MARGIN,
+    return Question(margin_A=float(margin_A) if margin_A is not None else MARGIN_A,
                     margin_B=float(sweep.margin_B) if sweep.get("margin_B") is not None else None,
                     level=str(sweep.get("level", "recipes")),
                     budget=float(sweep.budget_gpu_hours) if sweep.get("budget_gpu_hours") is not None else None,
@@ -520,7 +519,7 @@ def make_report(cfg: DictConfig, uri: str, sid: str, run_ids: Sequence[str]) -> 
     out = Path(cfg.paths.outputs) / "reports" / sid
     margin = cfg.sweep.get("margin_A")
     result = report(cfg.tracking.experiment, tracking_uri=uri, out_dir=out, sweep=sid, run_ids=list(run_ids),
-                    spread=spread_prior(cfg.sweep), margin_A=float(margin) if margin is not None else A_MARGIN)
+                    spread=spread_prior(cfg.sweep), margin_A=float(margin) if margin is not None else MARGIN_A)
     print(result.table_md)
     print(f"report: {result.html.resolve()}")
     if result.artifact_error:

@@ -206,7 +206,7 @@ def resolution_A(sd_A_run: float, spread_sd: float, seeds: int = 1, base_seeds: 
     return (c + _z(0.9)) * math.sqrt(var / seeds + var / base_seeds)
 
 
-MARGIN_A = 0.02  # the paper's: A values within 0.02 are equal; the margin a verdict is settled at, unless stated
+MARGIN_A = A_TIE  # the paper's: A values within 0.02 are equal; the margin a verdict is settled at, unless stated
 MAX_MORE = 256  # the most seeds a side `to_close` adds
 
 
