@@ -190,6 +190,18 @@ MUTATIONS = [
              "    elif _is_number(cell):\n        return float(cell)\n",
              "    elif _is_number(cell):\n        return float(cell) / 1000\n",
              ("tests/test_analysis_tables.py::test_a_time_column_is_the_clock",)),
+    # issue 54: the packed learner on every torch
+    Mutation("varlen taken to run on a torch without the signature the pass calls", "ablate/policy.py",
+             "    return _kernels_run(device, compute) and bool(_varlen_form())\n",
+             "    return _kernels_run(device, compute)\n",
+             ("tests/test_packing.py::test_varlen_runs_where_torch_has_the_signature_the_packed_pass_calls",)),
+    Mutation("varlen's backward scratch without FlashAttention's 128 rows of padding a row", "ablate/memory.py",
+             "    padded = tokens + 128 * rows\n", "    padded = tokens\n",
+             ("tests/test_memory.py::test_flashattentions_varlen_backward_by_hand",)),
+    Mutation("a packed pass counted as the padded form's micro-batch", "ablate/memory.py",
+             "    return max(cap, longest) if cap else rows * longest\n",
+             "    return largest_micro_batch(rows, cap, longest)\n",
+             ("tests/test_memory.py::test_a_packed_pass_fits_the_memory_models_micro_batch",)),
 ]
 
 
