@@ -298,17 +298,23 @@ def check_spread(sweep: DictConfig) -> None:
             raise ValueError(f"sweep.{key}={sweep[key]}: must be 0 or more")
 
 
+def validation_of(cfg: DictConfig) -> tuple[int, int, int]:
+    """A run's validation as the designs price it: its points (at least 5), prompts and answers a prompt (the mock
+    generator's own, else the task's)."""
+    points = max(int(cfg.train.steps) // max(int(cfg.train.val_every), 1), 5)
+    gen = cfg.generator
+    if "val_prompts" in gen:
+        return points, int(gen.val_prompts), int(gen.val_samples)
+    return points, int(cfg.task.n_val_prompts), int(cfg.task.val_samples)
+
+
 def print_designs(cfg: DictConfig, planned: Sequence[Planned]) -> None:
     """What this sweep's design and the others can resolve on A, between runs and between recipes, and their
     GPU-hours (analysis/design.py: a paper-shaped law, this sweep's validation, the prior of the run spread)."""
     from analysis.design import DESIGNS, Design, expected
 
     variants = sum(1 for p in planned if p.variant.name != planned[0].variant.name and not p.variant.replica)
-    p = planned[0].cfg
-    points = max(int(p.train.steps) // max(int(p.train.val_every), 1), 5)
-    gen = p.generator
-    prompts, samples = (int(gen.val_prompts), int(gen.val_samples)) if "val_prompts" in gen else \
-        (int(p.task.n_val_prompts), int(p.task.val_samples))
+    points, prompts, samples = validation_of(planned[0].cfg)
     this = Design("this sweep", int(cfg.sweep.seeds), int(cfg.sweep.base_seeds))
     rows = [expected(d, points=points, variants=max(variants, 1), val_prompts=prompts, val_samples=samples,
                      spread_sd=float(cfg.sweep.run_sd_A)) for d in (this, *DESIGNS)]
@@ -373,11 +379,7 @@ def print_question(cfg: DictConfig, planned: Sequence[Planned]) -> None:
     base = [p for p in planned if p.variant.name == planned[0].variant.name and not p.variant.replica][:1]
     variants = [p for p in planned if p.variant.name != planned[0].variant.name and not p.variant.replica]
     hours = (sum(run_gpu_hours(p) for p in variants), run_gpu_hours(base[0]))
-    first = planned[0].cfg
-    points = max(int(first.train.steps) // max(int(first.train.val_every), 1), 5)
-    gen = first.generator
-    prompts, samples = (int(gen.val_prompts), int(gen.val_samples)) if "val_prompts" in gen else \
-        (int(first.task.n_val_prompts), int(first.task.val_samples))
+    points, prompts, samples = validation_of(planned[0].cfg)
     kw = dict(points=points, val_prompts=prompts, val_samples=samples)
     this = Design("this sweep", int(cfg.sweep.seeds), int(cfg.sweep.base_seeds))
     fixed = [answer(d, q, sds=run_sds(d.fraction, **kw), hours=hours) for d in (this, *DESIGNS)]
