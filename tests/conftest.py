@@ -6,9 +6,11 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
+import torch.multiprocessing
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAPHS = "ABLATE_VLLM_GRAPHS"  # bench/gpu_check.py's graph step sets it to 1
@@ -44,6 +46,28 @@ def mlflow_uri(tmp_path, _mlflow_template) -> str:
     path = tmp_path / "mlflow.db"
     shutil.copy(_mlflow_template, path)
     return f"sqlite:///{path}"
+
+
+def spawn_ranks(fn, folder: Path, *args, nprocs: int = 2) -> Path:
+    """`fn(rank, init_file, *args, out)` on `nprocs` spawned processes (torch.multiprocessing), in a fresh folder
+    under `folder`, which is returned: `out` is its file "out", the ranks' process group rendezvous at its "init".
+
+    Once, when a rank dies by SIGABRT ("terminate called without an active exception": a C++ thread destroyed
+    unjoined, in gloo's or the checkpointer's runtime, not in our code), the ranks are started again in a new folder
+    with a warning. Seen about 1 in 100 runs on 2 shared cores, never twice in a row; its cause is not found
+    (docs/testing.md). A rank that raises, or dies by SIGABRT twice, fails the test as before."""
+    for attempt in (1, 2):
+        where = folder / f"try-{attempt}"
+        where.mkdir(parents=True)
+        try:
+            torch.multiprocessing.start_processes(fn, args=(str(where / "init"), *args, str(where / "out")),
+                                                  nprocs=nprocs, start_method="spawn")
+        except torch.multiprocessing.ProcessExitedException as err:
+            if attempt == 2 or err.signal_name != "SIGABRT":
+                raise
+            warnings.warn(f"rank {err.error_index} died by SIGABRT; starting the {nprocs} ranks once more", stacklevel=2)
+        else:
+            return where
 
 
 def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

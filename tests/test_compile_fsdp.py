@@ -18,6 +18,7 @@ import transformers
 
 from ablate.policy import Scorer, compile_layers, linear_attention
 from ablate.rl import precision
+from conftest import spawn_ranks
 from real_models import LLAMA3_CONFIG, QWEN3_CONFIG
 
 FAMILIES = {"llama3": LLAMA3_CONFIG, "qwen3": QWEN3_CONFIG}
@@ -119,9 +120,7 @@ def _rank(rank: int, init_file: str, aot: bool, out: str) -> None:
 def counted(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp("compile-fsdp")
     aot = request.param == "aot"
-    torch.multiprocessing.start_processes(_rank, args=(str(folder / "init"), aot, str(folder / "out.pt")),
-                                          nprocs=WORLD, start_method="spawn")
-    return aot, torch.load(folder / "out.pt", weights_only=False)
+    return aot, torch.load(spawn_ranks(_rank, folder, aot, nprocs=WORLD) / "out", weights_only=False)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

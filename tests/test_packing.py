@@ -26,6 +26,7 @@ from ablate.config import compose
 from ablate.policy import PackedScorer, Scorer, linear_attention, packed_logprobs
 from ablate.registry import build
 from ablate.rl import precision
+from conftest import spawn_ranks
 from real_models import LLAMA3_CONFIG, QWEN3_CONFIG
 
 aten = torch.ops.aten
@@ -554,9 +555,8 @@ def _rank(rank: int, init_file: str, out: str) -> None:
 def test_under_fsdp_on_two_ranks_packed_rows_give_the_one_process_per_row_forms_values_and_gradients(tmp_path):
     """Each form under the FSDP layout on 2 gloo ranks, its decoder layers eager or compiled (issue 46: the compiled
     decoder composes with FSDP2), gives the one-process per-row form's log-probs and summed gradients within 1e-5."""
-    torch.multiprocessing.start_processes(_rank, args=(str(tmp_path / "init"), str(tmp_path / "out.pt")),
-                                          nprocs=WORLD, start_method="spawn")
-    ranks = [torch.load(tmp_path / f"out.pt.{r}", weights_only=False) for r in range(WORLD)]
+    where = spawn_ranks(_rank, tmp_path, nprocs=WORLD)
+    ranks = [torch.load(where / f"out.{r}", weights_only=False) for r in range(WORLD)]
     for family in FAMILIES:
         batch, upstream = _batch()
         one = _scored(Scorer(_model(family), precision.fp32_head), batch, upstream)  # one process, every row

@@ -36,7 +36,7 @@ from ablate.policy import build_policy, weights_in
 from ablate.registry import build
 from ablate.rl.aggregation import token_weights
 from ablate.trainer import Learner
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, spawn_ranks
 
 
 def deal(lengths: torch.Tensor, trained: torch.Tensor, rank: int, world: int) -> torch.Tensor:
@@ -154,7 +154,7 @@ def _rank(rank: int, init_file: str, configs: list, out: str) -> None:
         synced = _synced(OmegaConf.create(configs[0]), ranks)
         if rank == 0:
             torch.save({"steps": results, "resumed": resumed, "synced": synced}, out)
-        dist.barrier()  # neither rank tears the group down while the other may still be in it (seen once: SIGABRT)
+        dist.barrier()  # neither rank tears the group down while the other may still be in it
     finally:
         dist.destroy_process_group()
 
@@ -166,9 +166,7 @@ def two_ranks(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fsdp")
     configs = [_config("optim.lr=1e-3"), _config("model.dtype=bfloat16", "optim.lr=5e-7"),
                _config("model.dtype=bfloat16", "optim.lr=5e-7", "train.activation_checkpointing=true")]
-    torch.multiprocessing.start_processes(_rank, args=(str(folder / "init"), configs, str(folder / "out.pt")),
-                                          nprocs=WORLD, start_method="spawn")
-    out = torch.load(folder / "out.pt", weights_only=False)
+    out = torch.load(spawn_ranks(_rank, folder, configs, nprocs=WORLD) / "out", weights_only=False)
     return configs, out["steps"], out["resumed"], out["synced"]
 
 
@@ -312,9 +310,8 @@ def _rank_tied(rank: int, init_file: str, config: dict, out: str) -> None:
 def tied_ranks(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tied")
     config = _config("model.tie_embeddings=true", "optim.lr=1e-3")
-    torch.multiprocessing.start_processes(_rank_tied, args=(str(folder / "init"), config, str(folder / "out.pt")),
-                                          nprocs=WORLD, start_method="spawn")
-    return OmegaConf.create(config), torch.load(folder / "out.pt", weights_only=False)
+    return OmegaConf.create(config), torch.load(spawn_ranks(_rank_tied, folder, config, nprocs=WORLD) / "out",
+                                                weights_only=False)
 
 
 @pytest.mark.e2e
@@ -345,7 +342,7 @@ def test_an_engine_refuses_weights_that_miss_a_tensor():
         engine.load(iter(pairs), version=1)
 
 
-def _engine_processes(rank: int, engines: int, init_file: str, out: str) -> None:
+def _engine_processes(rank: int, init_file: str, engines: int, out: str) -> None:
     """Rank 0: a trainer whose engines are in ranks 1.. (RemoteEngine), beside the same engines in its own process
     (Engine, one per engine process, seeded and dealt rows as those are); ranks 1..: those processes (`serve`)."""
     import torch.distributed as dist
@@ -442,9 +439,8 @@ def test_an_engine_process_whose_engine_fails_to_close_still_ends_with_the_job(t
     """Closing is the job's last word to an engine process: an engine whose own close fails (a vLLM core that will not
     shut down) is logged there, and the process still answers and ends, instead of leaving rank 0 (and the job)
     waiting for it."""
-    torch.multiprocessing.start_processes(_closing, args=(str(tmp_path / "init"), str(tmp_path / "out")), nprocs=2,
-                                          start_method="spawn")
-    assert (tmp_path / "out").read_text() == "closed" and (tmp_path / "out.engine").read_text() == "served"
+    where = spawn_ranks(_closing, tmp_path)
+    assert (where / "out").read_text() == "closed" and (where / "out.engine").read_text() == "served"
 
 
 @pytest.mark.e2e
@@ -455,10 +451,8 @@ def test_engines_in_their_own_processes_decode_as_in_this_one_and_hold_the_train
     versions; the rows handed back are the pipeline's own objects; after the load every tensor of every engine
     process has the sha256 of the trainer's (in the engines' bf16); a load that misses a tensor is refused, naming
     it, before anything is sent."""
-    torch.multiprocessing.start_processes(_engine_processes, args=(engines, str(tmp_path / "init"),
-                                                                   str(tmp_path / "out")),
-                                          nprocs=1 + engines, start_method="spawn")
-    out = torch.load(tmp_path / "out", weights_only=False)
+    out = torch.load(spawn_ranks(_engine_processes, tmp_path, engines, nprocs=1 + engines) / "out",
+                     weights_only=False)
     here, there = out["rows"]["here"], out["rows"]["there"]
     assert [r["tokens"] for r in there] == [r["tokens"] for r in here] and all(r["done"] for r in there)
     assert [r["logprobs"] for r in there] == [r["logprobs"] for r in here]
@@ -541,9 +535,7 @@ def test_with_an_engine_process_the_weights_stream_from_the_shards_and_validatio
     naming why); the engine's tensors after a stream have the sha256 of the trainer's full tensors; new weights
     staged leave the decoding copy alone until the engine takes them; validation rows decoded on the staging copy
     (the newest weights) are token for token those decoded here on the same weights."""
-    torch.multiprocessing.start_processes(_streamed, args=(str(tmp_path / "init"), str(tmp_path / "out")),
-                                          nprocs=3, start_method="spawn")
-    out = torch.load(tmp_path / "out", weights_only=False)
+    out = torch.load(spawn_ranks(_streamed, tmp_path, nprocs=3) / "out", weights_only=False)
     assert out["full"] is None and "rank 0 keeps no whole copy of the policy" in out["refused"]
     assert len(out["first"]) > 5 and out["first"] != out["second"]  # the second step changed the weights
     assert out["live"] == out["first"]  # staging step 2's weights left the decoding copy as it was
