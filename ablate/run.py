@@ -181,6 +181,7 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     parent = tracking.sweep_parent(client, exp_id, sid, {"ablate.overrides": " ".join(overrides)[:5000],
                                                          SPREAD_TAG: json.dumps(spread_prior(cfg.sweep).__dict__)})
     folder = Path(cfg.launcher.folder).resolve() / sid
+    planned = keep_seeds_held(cfg, overrides, planned, seeds_held(client, exp_id, sid))
 
     previous = _previous_jobs(folder)
     kinds, run_ids = {}, {}
@@ -285,6 +286,30 @@ def seeds_to_settle(variants_csv: Path) -> dict[str, int]:
     base = max((int(r["more_seeds_base"]) for r in rows if r.get("more_seeds_base")), default=0)
     counts[RECIPE_VARIANT] = counts.get(RECIPE_VARIANT, 1) + base
     return counts
+
+
+def seeds_held(client, exp_id: str, sid: str) -> dict[str, int]:
+    """The seeds each variant of sweep `sid` has in MLflow: its runs' distinct signatures (each seed signs apart; a
+    forced re-run of one has its signature)."""
+    signatures: dict[str, set] = {}
+    for run in tracking.find_runs(client, exp_id, sweep=sid, role="variant"):
+        tags = run.data.tags
+        signatures.setdefault(tags.get("ablate.variant", ""), set()).add(tags.get("ablate.signature"))
+    return {name: len(held) for name, held in signatures.items() if name}
+
+
+def keep_seeds_held(cfg: DictConfig, overrides: Sequence[str], planned: list[Planned],
+                    held: dict[str, int]) -> list[Planned]:
+    """The plan with every seed the sweep already holds (`held`, seeds_held) where it asks for fewer: a re-sweep
+    without sweep.extend of a sweep extended before keeps its seeds, in its jobs (those FINISHED skipped, the others
+    resumed) and in its report, instead of dropping them from both."""
+    had = Counter(p.variant.name for p in planned)
+    more = {name: n for name, n in held.items() if name in had and n > had[name]}
+    if not more:
+        return planned
+    print("the sweep holds more seeds than sweep.seeds (sweep.base_seeds) asks: kept, "
+          + ", ".join(f"{name} {n}" for name, n in more.items()))
+    return plan(cfg, overrides, {**had, **more})
 
 
 def spread_prior(sweep: DictConfig) -> Spread:

@@ -48,11 +48,39 @@ def test_the_seeds_a_report_asks_for_are_planned_as_new_seeds_of_the_same_sweep(
     assert sweep_id(cfg, more) == sweep_id(cfg, one)
 
 
+def test_a_re_sweep_without_extend_keeps_the_seeds_the_sweep_holds(mlflow_uri: str, capsys):
+    """A sweep extended before (3 seeds of loo-dapo in MLflow, one of them a forced re-run: the same signature; 2 of
+    the base) and planned again at one seed a variant: the plan keeps every seed held, at the same signatures, and
+    says so; a variant held at the seeds asked and runs of another sweep change nothing. Before, the re-sweep
+    planned (and reported) one seed of each."""
+    from ablate.run import keep_seeds_held, plan, seeds_held
+
+    cfg = compose(["sweep=loo"])
+    every = {p.variant.label: p for p in plan(cfg, ["sweep=loo"], {"loo-dapo": 3, "scalerl": 2, "loo-savg": 3})}
+    more = {label: p for label, p in every.items() if label not in ("loo-savg seed+1", "loo-savg seed+2")}
+    client = tracking.client(mlflow_uri)
+    exp = tracking.experiment_id(client, "seeds")
+    for label, sweep in [("loo-dapo", "loo-1"), ("loo-dapo seed+1", "loo-1"), ("loo-dapo seed+2", "loo-1"),
+                         ("loo-dapo seed+2", "loo-1"), ("scalerl", "loo-1"), ("scalerl seed+1", "loo-1"),
+                         ("loo-savg", "loo-1"), ("loo-savg seed+1", "loo-2"), ("loo-savg seed+2", "loo-2")]:
+        p = every[label]
+        tracking.create_variant_run(client, exp, label, {"ablate.sweep": sweep, "ablate.variant": p.variant.name,
+                                                         "ablate.signature": p.signature})
+    held = seeds_held(client, exp, "loo-1")
+    assert held == {"loo-dapo": 3, "scalerl": 2, "loo-savg": 1}
+    one = plan(cfg, ["sweep=loo"])
+    kept = keep_seeds_held(cfg, ["sweep=loo"], one, held)
+    assert [p.variant.label for p in kept] == list(more)
+    assert [p.signature for p in kept] == [p.signature for p in more.values()]
+    assert "kept, scalerl 2, loo-dapo 3" in capsys.readouterr().out
+    assert keep_seeds_held(cfg, ["sweep=loo"], one, {"loo-savg": 1, "loo-gone": 4}) is one
+
+
 @pytest.mark.e2e
 def test_extend_runs_exactly_the_seeds_the_report_asks_for_and_a_re_sweep_runs_nothing(tmp_path: Path):
     """A mock sweep of one axis (loo-plan, whose mock effect is small) at sweep.margin_A=0.07: its report's open
     recipe-level verdict asks for more seeds; sweep.extend=true runs exactly those in the same sweep, and again runs
-    nothing (every seed FINISHED with its signature)."""
+    nothing (every seed FINISHED with its signature), as does a plain re-sweep, whose report keeps every seed."""
     from conftest import run_cli
 
     (tmp_path / "conf" / "axes").mkdir(parents=True)
@@ -80,3 +108,8 @@ def test_extend_runs_exactly_the_seeds_the_report_asks_for_and_a_re_sweep_runs_n
 
     again = run_cli(*command, "sweep.extend=true", cwd=tmp_path)
     assert again.returncode == 0 and f"0 to run, {len(runs)} already FINISHED" in again.stdout, again.stdout[-2000:]
+
+    plain = run_cli(*command, cwd=tmp_path)  # without extend: the seeds held stay in the sweep and its report
+    assert plain.returncode == 0 and f"0 to run, {len(runs)} already FINISHED" in plain.stdout, plain.stdout[-2000:]
+    reported = {r["variant"]: int(r["n_seeds"]) for r in csv.DictReader(report.open())}
+    assert reported == want, reported
