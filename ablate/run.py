@@ -173,7 +173,6 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     if cfg.sweep.dry_run:
         if len(planned) > 1:  # the designs compare variants: none for one run
             print_designs(cfg, planned)
-            print_question(cfg, planned)
         return 0
     uri = tracking.check_reachable(cfg.tracking.uri, cfg.tracking.timeout_s)  # before any job starts
     client = tracking.client(uri)
@@ -333,25 +332,6 @@ def validation_of(cfg: DictConfig) -> tuple[int, int, int]:
     return points, int(cfg.task.n_val_prompts), int(cfg.task.val_samples)
 
 
-def print_designs(cfg: DictConfig, planned: Sequence[Planned]) -> None:
-    """What this sweep's design and the others can resolve on A, between runs and between recipes, and their
-    GPU-hours (analysis/design.py: a paper-shaped law, this sweep's validation, the prior of the run spread)."""
-    from analysis.design import DESIGNS, Design, expected
-
-    variants = sum(1 for p in planned if p.variant.name != planned[0].variant.name and not p.variant.replica)
-    points, prompts, samples = validation_of(planned[0].cfg)
-    this = Design("this sweep", int(cfg.sweep.seeds), int(cfg.sweep.base_seeds))
-    rows = [expected(d, points=points, variants=max(variants, 1), val_prompts=prompts, val_samples=samples,
-                     spread_sd=float(cfg.sweep.run_sd_A)) for d in (this, *DESIGNS)]
-    print(f"designs: their resolution on A (found 9 times in 10) and GPU-hours over one seed at the full budget's\n"
-          f"  (a paper-shaped law; {points} validation points of {prompts} x {samples} answers; a spread of A between "
-          f"runs of {float(cfg.sweep.run_sd_A):.3f}:\n  docs/fitting.md#seeds-where-they-pay)")
-    width = max(len(r.design.name) for r in rows)
-    print(f"  {'design':<{width}}  these runs  the recipes  GPU-hours")
-    for r in rows:
-        print(f"  {r.design.name:<{width}}  {r.runs:>10.3f}  {r.recipes:>11.3f}  {r.gpu_hours:>8.2f}x")
-
-
 LEVELS = ("runs", "recipes")
 
 
@@ -393,11 +373,12 @@ def question_of(cfg: DictConfig):
                     spread_A=float(sweep.run_sd_A), spread_B=float(sweep.run_sd_B))
 
 
-def print_question(cfg: DictConfig, planned: Sequence[Planned]) -> None:
-    """The designs that answer the sweep's question (analysis.design.cheapest): seeds a variant, seeds of the base,
-    each run's length, power at the margins at the level asked, the false-claim rate, GPU-hours at the preset's
-    layout (run_gpu_hours); the cheapest reaching the power within the budget marked, or a plain line that none
-    does and what budget would."""
+def print_designs(cfg: DictConfig, planned: Sequence[Planned]) -> None:
+    """The designs and what each answers of the sweep's question (analysis.design's answer and cheapest), one row a
+    design: seeds a variant, seeds of the base, each run's length, the resolution on A between these runs and between
+    the recipes, the power at the margins at the level asked, the false-claim rate, GPU-hours at the preset's layout
+    (run_gpu_hours). This sweep and the standard designs first, then the cheapest reaching the power at each run
+    length; the cheapest within the budget marked, or a plain line that none is and what budget would do."""
     from analysis.design import DESIGNS, MAX_SEEDS, Design, answer, cheapest, run_sds
 
     q = question_of(cfg)
@@ -414,24 +395,27 @@ def print_question(cfg: DictConfig, planned: Sequence[Planned]) -> None:
     print(f"the question: |dA| >= {q.margin_A:g}{b_said} about the {q.level}, found {q.power:.0%} of the time"
           + (f", within {_hours(q.budget)} GPU-hours" if q.budget else "") + f" (sweep.margin_A, margin_B, level, "
           f"budget_gpu_hours; a spread of A between runs of {q.spread_A:.3f}; {len(variants)} variants at "
-          f"{_hours(hours[0])} GPU-hours a seed, the base {_hours(hours[1])}: docs/fitting.md#a-stated-question)")
+          f"{_hours(hours[0])} GPU-hours a seed, the base {_hours(hours[1])}; {points} validation points of "
+          f"{prompts} x {samples} answers: docs/fitting.md#a-stated-question)")
+    print("  resolved: the move of A found 9 times in 10, between these runs and between the recipes")
     if q.margin_B and q.level == "recipes" and not q.spread_B:
         print("  B: no claim about the recipes' B (no spread of B between runs is known: sweep.run_sd_B); the "
               "designs are chosen on A")
-    rows = [("design", "seeds a variant", "base seeds", "run length", "power A", "power B", "false claims",
-             "GPU-hours", "")]
+    rows = [("design", "seeds a variant", "base seeds", "run length", "resolved: runs", "recipes", "power A",
+             "power B", "false claims", "GPU-hours", "")]
     mark = within[0] if within else None
     for a in (*fixed, *found):
         d = a.design
-        rows.append((d.name, str(d.seeds), str(d.base_seeds), f"{d.fraction:g} of the budget",
+        resolved = [f"{r:.3f}" if a.identified else "-" for r in a.resolution]
+        rows.append((d.name, str(d.seeds), str(d.base_seeds), f"{d.fraction:g} of the budget", *resolved,
                      f"{a.power_A:.2f}", "-" if a.power_B != a.power_B else f"{a.power_B:.2f}",
                      f"{a.false_claims:.3f}", _hours(a.gpu_hours),
                      "<- the cheapest at " + f"{q.power:.0%}" + (" within the budget" if q.budget else "")
                      if a is mark else ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        print("  " + "  ".join(c.rjust(w) if 0 < i < 8 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
-              .rstrip())
+        print("  " + "  ".join(c.rjust(w) if 0 < i < len(r) - 1 else c.ljust(w)
+                               for i, (c, w) in enumerate(zip(r, widths))).rstrip())
     if not found:
         print(f"  no design of up to {MAX_SEEDS} seeds a variant reaches {q.power:.0%} power at these margins "
               f"about the {q.level}")

@@ -22,6 +22,9 @@ def test_a_designs_power_at_the_recipe_level_is_the_spreads_arithmetic_by_hand()
     assert twelve.sd_dA == pytest.approx(0.006124, abs=1e-6) and twelve.power_A == pytest.approx(0.826, abs=1e-3)
     assert eleven.power_A == pytest.approx(0.788, abs=1e-3)
     assert twelve.reaches() and not eleven.reaches()
+    # resolved 9 times in 10: (2.3263 + 1.2816) x 0.015 x sqrt(2 / 12) = 0.022094 between the recipes, 0 between
+    # runs with no noise of their own
+    assert twelve.resolution == pytest.approx((0.0, 0.022094), abs=2e-6)
     assert twelve.gpu_hours == 108.0
     assert answer(Design("half", 12, 12, 0.5), q, sds=(0.0, 0.0), hours=(8.0, 1.0)).gpu_hours == 54.0
     # negative control: between these runs the spread is not added: sd 0.005 sqrt(2) = 0.00707, Phi(0.5021) = 0.692

@@ -213,25 +213,32 @@ def test_an_adaptive_sweep_of_several_seeds_is_refused_before_anything_is_submit
     assert out.returncode == 2 and "sweep.base_seeds=2 must be 1" in out.stderr.strip().splitlines()[-1]
 
 
-def test_the_dry_run_prints_what_each_design_resolves_from_the_benchs_model(tmp_path: Path):
-    """Per design: the resolution on A between runs and between recipes, and GPU-hours: the numbers
-    analysis.design gives for the mock's 50 points of 1,000 x 16 and the prior spread; two half-length seeds beat
-    one full one between recipes at the paper's spread (0.065 against 0.079) and lose between runs."""
+def test_the_dry_run_prints_what_each_design_resolves_from_the_model_its_power_comes_from(tmp_path: Path):
+    """Per design, in one table: the resolution on A between runs and between recipes, the power and the GPU-hours,
+    all from analysis.design's answer for the mock's 50 points of 1,000 x 16, the prior spread and the mock's
+    GPU-hours (16,000 a run); before, the resolutions came from a second noise model (the Gaussian limit without the
+    fitter's excess) in a table of their own. Two half-length seeds beat one full one between recipes at the
+    paper's spread and lose between runs, for the same GPU-hours."""
     from conftest import run_main
 
-    from analysis.design import DESIGNS, expected
+    from analysis.design import DESIGNS, Question, answer, run_sds
 
     out = run_main("-m", "ablate", "sweep=loo", "generator=mock", "sweep.dry_run=true", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    rows = {line.split("  ")[1].strip(): line.split() for line in out.stdout.splitlines()
-            if line.startswith("  ") and line.strip().endswith("x") and "design" not in line}
+    rows = {line[2:].split("  ")[0].strip(): line.split() for line in out.stdout.splitlines()
+            if line.startswith("  ") and "of the budget" in line}
+    assert "designs:" not in out.stdout  # one table, not two
+    got = {}
     for d in DESIGNS:
-        e = expected(d, points=50, variants=8)
-        *_, runs, recipes, hours = rows[d.name]
-        assert (float(runs), float(recipes), hours) == (round(e.runs, 3), round(e.recipes, 3), f"{e.gpu_hours:.2f}x")
-    one, two = (expected(d, points=50, variants=8) for d in DESIGNS[:2])
-    assert two.recipes < one.recipes and two.runs > one.runs and two.gpu_hours == one.gpu_hours == 1.0
-    assert rows["this sweep"][-3:] == rows["one seed, full budget"][-3:]
+        a = answer(d, Question(margin_A=0.02), sds=run_sds(d.fraction, points=50), hours=(8 * 16000.0, 16000.0))
+        runs, recipes, power, _, _, hours = rows[d.name][-6:]
+        assert (runs, recipes, power) == (f"{a.resolution[0]:.3f}", f"{a.resolution[1]:.3f}", f"{a.power_A:.2f}")
+        assert hours == f"{a.gpu_hours:,.0f}"
+        got[d.name] = a
+    one, two = got["one seed, full budget"], got["two seeds, half the budget each"]
+    assert two.resolution[1] < one.resolution[1] and two.resolution[0] > one.resolution[0]
+    assert two.gpu_hours == one.gpu_hours == 144_000
+    assert rows["this sweep"][-6:] == rows["one seed, full budget"][-6:]
 
 
 def test_a_config_folder_of_ones_own_reaches_every_variant_from_the_command_line(tmp_path: Path):
