@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis.design import Question, cheapest, run_sds  # noqa: E402
 from analysis.rank import CRITICAL  # noqa: E402
-from analysis.sequential import boundaries, predictive_claim  # noqa: E402
+from analysis.seeded import information, look, seeds_to_add  # noqa: E402
 
 VARIANTS = 8
 
@@ -95,31 +95,16 @@ def one_sweep(rng, effects: np.ndarray, *, s: float, tau: float, n_fixed: int, b
     b = start
     open_ = np.ones(effects.size, bool)
     claims = np.zeros(effects.size, int)
-    times: list[list[float]] = [[] for _ in effects]
+    times: list[tuple[float, ...]] = [() for _ in effects]
     for k in range(1, looks + 1):
-        target = i_max * k / looks
-        while True:  # seeds where the next buys the most information per GPU-hour, until every open one has target
-            info = 1 / (var * (1 / n + 1 / b))
-            short = open_ & (info < target * (1 - 1e-9))
-            if not short.any():
-                break
-            gain_v = 1 / (var * (1 / (n + 1) + 1 / b)) - info
-            gain_b = float((1 / (var * (1 / n + 1 / (b + 1))) - info)[short].sum())
-            v = int(np.argmax(np.where(short, gain_v, -1)))
-            if gain_b > gain_v[v]:
-                b += 1
-            else:
-                n[v] += 1
+        more, more_base = seeds_to_add(n / var, b / var, np.full(effects.size, 1 / var), 1 / var, open_,
+                                       i_max * k / looks)
+        n, b = n + more, b + more_base
         for v in np.flatnonzero(open_):
-            t = min(1 / (var * (1 / n[v] + 1 / b)) / i_max, 1.0)
-            if not times[v] or t > times[v][-1]:
-                times[v].append(min(t, 1.0 if k == looks else 1 - 1e-6))
-            c = boundaries(times[v], 0.02)[-1] if spend else CRITICAL
-            zv = z(v, n[v], b)
-            if abs(zv) >= c:
-                claims[v], open_[v] = int(np.sign(zv)), False
-            elif k < looks and predictive_claim(zv, times[v][-1], CRITICAL) < futility:
-                open_[v] = False
+            seen = look(z(v, n[v], b), information(n[v] / var, b / var) / i_max, times[v], last=k == looks,
+                        alpha=0.02, futility=futility, spend=spend)
+            times[v] = seen.times
+            claims[v], open_[v] = seen.claim, not seen.settled
         if not open_.any():
             break
     return {"fixed": fixed, "adaptive": claims, "fixed hours": n_fixed * effects.size + b_fixed,

@@ -227,9 +227,16 @@ MUTATIONS = [
              '        signatures.setdefault(tags.get("ablate.variant", ""), set()).add(tags.get("ablate.signature"))\n',
              '        signatures.setdefault(tags.get("ablate.variant", ""), set()).add(run.info.run_id)\n',
              ("tests/test_extend_seeds.py::test_a_re_sweep_without_extend_keeps_the_seeds_the_sweep_holds",)),
-    Mutation("the adaptive sweep's looks with seeds held to the one-look critical value", "bench/bench_seeds.py",
-             "            c = boundaries(times[v], 0.02)[-1] if spend else CRITICAL\n", "            c = CRITICAL\n",
-             ("tests/test_bench_seeds.py",)),
+    Mutation("a seed of the base counted for one open variant, not every one short", "analysis/seeded.py",
+             "        gain_b = float((information(p_v, p_b + w_b) - info)[short].sum()) / hours[1]\n",
+             "        gain_b = float((information(p_v, p_b + w_b) - info)[short].max()) / hours[1]\n",
+             ("tests/test_seeded.py::test_the_next_seeds_go_where_they_buy_the_most_information_per_gpu_hour_by_hand",)),
+    Mutation("the last look leaves an unclaimed verdict open", "analysis/seeded.py",
+             "    return SeededLook(0, futile or last, c, tuple(times))\n", "    return SeededLook(0, futile, c, tuple(times))\n",
+             ("tests/test_seeded.py::test_a_look_holds_z_to_the_obrien_fleming_boundary_and_settles_the_futile_by_hand",)),
+    Mutation("the adaptive sweep's looks with seeds held to the one-look critical value", "analysis/seeded.py",
+             "    c = boundaries(times, alpha)[-1] if spend else CRITICAL\n", "    c = CRITICAL\n",
+             ("tests/test_bench_seeds.py", "tests/test_seeded.py")),
 ]
 
 
