@@ -191,6 +191,17 @@ class Binding:
         return self.run.gpu_hours - self.faster.gpu_hours
 
 
+def completion_budget(cfg) -> int:
+    """A completion's length budget: generation.max_think_tokens + generation.max_answer_tokens."""
+    return int(cfg.generation.max_think_tokens) + int(cfg.generation.max_answer_tokens)
+
+
+def priced(cfg, params: float, share: float = 0.5) -> Estimate:
+    """The run `cfg` as a sweep prices it (the pre-flight's GPU-hours, the dry run's designs): completions of `share`
+    of their length budget on average (completion_budget), its own rows trained (rows_trained)."""
+    return estimate(cfg, params, share * completion_budget(cfg), rows_trained(cfg))
+
+
 def binding(cfg, params: float, completion: float) -> Binding:
     """The run `cfg` at `completion` tokens a completion and its own rows trained (rows_trained), beside the same
     with a learner twice as fast."""

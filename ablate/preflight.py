@@ -151,13 +151,13 @@ def memory_lines(described: dict[str, list[str]]) -> list[str]:
 
 def cost_lines(planned: Sequence) -> list[str]:
     """Each run's GPU-hours by the cost model (ablate/cost.py), at completions of half their budget and of all of
-    it, its own rows trained (cost.rows_trained); variants of the same cost on one line, the sweep's total (more
+    it, its own rows trained (cost.priced); variants of the same cost on one line, the sweep's total (more
     than one run), and the paper's for scale. Then, at half the budget, the side that binds each (generation or
     learning), what a learner twice as fast would save, and the generator tokens/s below which generation would
     bind."""
     first = planned[0].cfg
     params = checks.model_shape(first.model).params
-    budget = int(first.generation.max_think_tokens) + int(first.generation.max_answer_tokens)
+    budget = cost.completion_budget(first)
     speed = cost.throughput(first, params)
     peak = float(first.run.get("peak_tflops") or cost.PEAK_TFLOPS[cost.PRICED_KIND])
     out = [f"GPU-hours (ablate/cost.py's estimate: {speed.generate:,.0f} tokens/s a generator GPU"
@@ -172,14 +172,14 @@ def cost_lines(planned: Sequence) -> list[str]:
     total = [0.0, 0.0, 0.0]
     for p in planned:
         kept = cost.rows_trained(p.cfg)
-        half, full = (cost.estimate(p.cfg, params, completion, kept) for completion in (budget / 2, budget))
+        half, full = (cost.priced(p.cfg, params, share) for share in (0.5, 1.0))
         total = [total[0] + half.gpu_hours, total[1] + full.gpu_hours, total[2] + half.val_gpu_hours]
         line = (f"{half.gpu_hours:,.0f} GPU-hours ({full.gpu_hours:,.0f}), {half.step_s:,.0f} s a step, "
                 f"{half.wall_h:,.1f} h on {half.gpus} GPU{'s' if half.gpus > 1 else ''}"
                 + (f", generators idle {half.generator_idle:.0%}" if half.generator_idle >= 0.005 else "")
                 + (f"; validation +{half.val_gpu_hours:,.0f} (not in C)" if half.val_gpu_hours else ""))
         lines.setdefault(line, []).append(p.variant.label)
-        b = cost.binding(p.cfg, params, budget / 2)
+        b = cost.binding(p.cfg, params, cost.completion_budget(p.cfg) / 2)
         said = (f"{b.run.binds}{' (the two in turns)' if b.run.turns else ''}: {b.run.generate_s:,.0f} s "
                 f"generating, {b.run.train_s:,.0f} s learning a step ({kept:.0%} of rows trained); a 2x learner saves "
                 f"{b.saved:,.0f} GPU-h ({b.saved / b.run.gpu_hours:.0%}); generation binds below {b.even:,.0f} "

@@ -349,14 +349,12 @@ def check_question(sweep: DictConfig) -> None:
 
 def run_gpu_hours(p: Planned) -> float:
     """One run's GPU-hours at its full budget: the mock's own (generator.gpu_hours), else the cost model's
-    (ablate/cost.py) at the run's layout, completions of half their budget, its own rows trained."""
+    (cost.priced: the pre-flight's figure) at the run's layout."""
     from ablate import checks, cost
 
     if "gpu_hours" in p.cfg.generator and p.cfg.generator.get("simulated", False):
         return float(p.cfg.generator.gpu_hours)
-    params = checks.model_shape(p.cfg.model).params
-    budget = int(p.cfg.generation.max_think_tokens) + int(p.cfg.generation.max_answer_tokens)
-    return cost.estimate(p.cfg, params, budget / 2, cost.rows_trained(p.cfg)).gpu_hours
+    return cost.priced(p.cfg, checks.model_shape(p.cfg.model).params).gpu_hours
 
 
 def question_of(cfg: DictConfig):
