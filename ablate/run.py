@@ -21,7 +21,7 @@ from typing import Callable, Optional, Sequence
 from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 
-from ablate import tracking
+from ablate import seeding, tracking
 from ablate.config import compose, lineage, merge_overrides, override_key, signature
 from ablate.preflight import check_before_submit, print_found
 from ablate.progress import StepBar, SweepDisplay, hours
@@ -134,13 +134,18 @@ def run_single(cfg: DictConfig, overrides: Sequence[str]) -> int:
 
 def check_sweep(cfg: DictConfig) -> None:
     """The sweep's own settings, which no variant changes: one line naming the setting at fault."""
-    if cfg.sweep.adaptive and (cfg.sweep.seeds > 1 or cfg.sweep.base_seeds > 1):
-        raise ValueError(f"sweep.adaptive=true looks at one run of each variant beside one of the base recipe: "
-                         f"sweep.seeds={cfg.sweep.seeds} and sweep.base_seeds={cfg.sweep.base_seeds} must be 1 (a "
-                         "sweep of several seeds runs them to their budget)")
     check_spread(cfg.sweep)
     check_question(cfg.sweep)
-    if cfg.sweep.adaptive:
+    if seeding.seeded(cfg.sweep):  # the adaptive sweep with seeds: looks at whole seeds, about the recipes
+        if not int(cfg.sweep.looks) >= 1:
+            raise ValueError(f"sweep.looks={cfg.sweep.looks}: the adaptive sweep with seeds takes 1 look or more")
+        if str(cfg.sweep.level) != "recipes":
+            raise ValueError("sweep.adaptive=true with several seeds adds seeds where the verdict about the recipes "
+                             f"is open: sweep.level=recipes, not {cfg.sweep.level}")
+        from analysis.adaptive import check_rule
+
+        check_rule(float(cfg.sweep.alpha), float(cfg.sweep.futility), None)
+    elif cfg.sweep.adaptive:
         check_settings(cfg.sweep, int(cfg.train.steps))
 
 
@@ -173,6 +178,9 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     if cfg.sweep.dry_run:
         if len(planned) > 1:  # the designs compare variants: none for one run
             print_designs(cfg, planned)
+        if seeding.seeded(cfg.sweep):
+            print(seeding.describe(seeded_design(cfg, planned), Counter(p.variant.name for p in planned),
+                                   planned[0].variant.name))
         return 0
     uri = tracking.check_reachable(cfg.tracking.uri, cfg.tracking.timeout_s)  # before any job starts
     client = tracking.client(uri)
@@ -181,22 +189,45 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
                                                          SPREAD_TAG: json.dumps(spread_prior(cfg.sweep).__dict__)})
     folder = Path(cfg.launcher.folder).resolve() / sid
     planned = keep_seeds_held(cfg, overrides, planned, seeds_held(client, exp_id, sid))
+    design = seeded_design(cfg, planned) if seeding.seeded(cfg.sweep) else None
+    if design is not None:  # the seeds its looks plan (the first: those that reach the first look's information)
+        planned = _seeded_plan(cfg, overrides, planned, client, parent, design)
 
     previous = _previous_jobs(folder)
-    kinds, run_ids = {}, {}
-    for p in planned:
-        runs = [] if cfg.sweep.force else tracking.find_runs(client, exp_id, signature=p.signature, role="variant")
-        kind, run_id = _decide(runs, previous, _has_checkpoint(cfg), extend=cfg.sweep.extend)
-        if kind == "new" and cfg.sweep.extend:  # a run of this lineage that ran a smaller budget: take it further
-            run_id = _shorter_run(client, exp_id, p, _has_checkpoint(cfg))
-            kind = "extend" if run_id else "new"
-        if kind == "extend":  # stopped by an adaptive sweep, or a smaller budget: on from its checkpoint, same run
-            _reopen(client, run_id, p.signature)
-        if kind == "new":
-            run_id = tracking.create_variant_run(client, exp_id, p.variant.label, variant_tags(p, sid), parent)
-        elif kind == "resume":  # failed, killed, or its job is gone: again, from its checkpoint
-            client.update_run(run_id, status="SCHEDULED")
-        kinds[p.signature], run_ids[p.variant.label] = kind, run_id
+
+    def runs_of(planned: Sequence[Planned]) -> tuple[dict, dict]:
+        kinds, run_ids = {}, {}
+        for p in planned:
+            runs = [] if cfg.sweep.force else tracking.find_runs(client, exp_id, signature=p.signature,
+                                                                 role="variant")
+            kind, run_id = _decide(runs, previous, _has_checkpoint(cfg), extend=cfg.sweep.extend)
+            if kind == "new" and cfg.sweep.extend:  # a run of this lineage that ran a smaller budget: further
+                run_id = _shorter_run(client, exp_id, p, _has_checkpoint(cfg))
+                kind = "extend" if run_id else "new"
+            if kind == "extend":  # stopped by an adaptive sweep, or a smaller budget: on from its checkpoint
+                _reopen(client, run_id, p.signature)
+            if kind == "new":
+                run_id = tracking.create_variant_run(client, exp_id, p.variant.label, variant_tags(p, sid), parent)
+            elif kind == "resume":  # failed, killed, or its job is gone: again, from its checkpoint
+                client.update_run(run_id, status="SCHEDULED")
+            kinds[p.signature], run_ids[p.variant.label] = kind, run_id
+        return kinds, run_ids
+
+    kinds, run_ids = runs_of(planned)
+    reported = []
+    if design is not None and all(kind == "finished" for kind in kinds.values()):  # every seed in: its next look
+        held: dict[str, list[str]] = {}
+        for p in planned:
+            held.setdefault(p.variant.name, []).append(run_ids[p.variant.label])
+        # the look's report, made with the look's boundaries on the runs
+        more = seeding.take_look(client, parent, held, planned[0].variant.name, design,
+                                 lambda: reported.append(make_report(cfg, uri, sid, list(run_ids.values()))) or
+                                 reported[-1].rows)
+        if reported and not more:
+            print("the adaptive sweep with seeds is done: the report above holds its last look")
+        if more:
+            planned = plan(cfg, overrides, more)
+            kinds, run_ids = runs_of(planned)
     phases.done("MLflow (its database, the sweep's runs)")
     specs, sweep_settings = [], OmegaConf.to_container(cfg.sweep, resolve=True)
     for p in planned:
@@ -228,6 +259,9 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     if submission.cluster == "slurm" or not cfg.launcher.watch:
         for it in new:
             print(f"  {it.spec.name}: job {it.job_id}")
+        if design is not None and new:
+            print("the adaptive sweep with seeds: run the same command when these jobs have finished, for its next "
+                  "look")
         return 0
 
     try:
@@ -240,7 +274,10 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     client.set_terminated(parent, status="FAILED" if failed else "FINISHED")
     workers = len(submission.jobs())
     phases.done(f"the runs ({workers} {submission.cluster} job{'s' * (workers != 1)} side by side)")
-    if cfg.sweep.report:
+    if design is not None and new and not failed:  # the seeds are in: the sweep's next look, and its seeds
+        print(f"time: {phases.total:.1f} s: {phases}")
+        return run_sweep(cfg, overrides)
+    if cfg.sweep.report and not (design is not None and not new and reported):  # a look's report is the last
         make_report(cfg, uri, sid, [it.spec.meta["run_id"] for it in submission.items])
         phases.done("the report")
     print(f"time: {phases.total:.1f} s: {phases}")
@@ -309,6 +346,47 @@ def keep_seeds_held(cfg: DictConfig, overrides: Sequence[str], planned: list[Pla
     print("the sweep holds more seeds than sweep.seeds (sweep.base_seeds) asks: kept, "
           + ", ".join(f"{name} {n}" for name, n in more.items()))
     return plan(cfg, overrides, {**had, **more})
+
+
+def seeded_design(cfg: DictConfig, planned: Sequence[Planned]) -> seeding.Design:
+    """What the adaptive sweep with seeds measures its looks against: the cheapest fixed full-length design that
+    answers the sweep's question (analysis.design.cheapest, as the dry run prints it), its information on a change
+    of A, a seed's variance (its fit's sd, run_sds, and the spread's prior), a seed's GPU-hours (run_gpu_hours)."""
+    from analysis.design import MAX_SEEDS, cheapest, run_sds
+
+    q = question_of(cfg)
+    first = planned[0].variant.name
+    base = next(p for p in planned if p.variant.name == first)
+    variants = [p for p in planned if p.variant.name != first and not p.variant.replica]
+    hours = (sum(run_gpu_hours(p) for p in variants) / max(len(variants), 1), run_gpu_hours(base))
+    points, prompts, samples = validation_of(base.cfg)
+    kw = dict(points=points, val_prompts=prompts, val_samples=samples)
+    found = cheapest(q, hours=(hours[0] * len(variants), hours[1]), lengths=(1.0,), **kw)
+    if not found:
+        raise ValueError(f"sweep.adaptive=true with seeds: no fixed design of up to {MAX_SEEDS} seeds a variant "
+                         f"reaches {q.power:.0%} power at |dA| >= {q.margin_A:g} about the recipes, so its looks "
+                         "have nothing to spend against: raise sweep.margin_A")
+    fixed = found[0].design
+    var = run_sds(1.0, **kw)[0] ** 2 + q.spread_A**2
+    return seeding.Design(i_max=1 / (var * (1 / fixed.seeds + 1 / fixed.base_seeds)), var=var, hours=hours,
+                          looks=int(cfg.sweep.looks), alpha=float(cfg.sweep.alpha),
+                          futility=float(cfg.sweep.futility), budget=q.budget,
+                          fixed=(fixed.seeds, fixed.base_seeds))
+
+
+def _seeded_plan(cfg: DictConfig, overrides: Sequence[str], planned: list[Planned], client, parent: str,
+                 design: seeding.Design) -> list[Planned]:
+    """The plan with the seeds the sweep's looks planned (the first time: those the first look needs)."""
+    counts = seeding.planned_counts(client.get_run(parent).data.tags)
+    had = Counter(p.variant.name for p in planned)
+    if not counts:
+        counts = seeding.first_plan(had, planned[0].variant.name, design)
+        client.set_tag(parent, seeding.PLAN_TAG, json.dumps(counts))
+    if all(counts.get(name, 0) <= n for name, n in had.items()):
+        return planned
+    print("the adaptive sweep with seeds plans " + ", ".join(f"{name} {max(n, counts.get(name, 0))}"
+                                                            for name, n in had.items()) + " seeds")
+    return plan(cfg, overrides, {name: max(n, counts.get(name, 0)) for name, n in had.items()})
 
 
 def spread_prior(sweep: DictConfig) -> Spread:
@@ -522,7 +600,7 @@ def watch(submission: Submission, client) -> list[str]:
     return failed
 
 
-def make_report(cfg: DictConfig, uri: str, sid: str, run_ids: Sequence[str]) -> None:
+def make_report(cfg: DictConfig, uri: str, sid: str, run_ids: Sequence[str]):
     from analysis import make_report as report
 
     out = Path(cfg.paths.outputs) / "reports" / sid
@@ -533,3 +611,4 @@ def make_report(cfg: DictConfig, uri: str, sid: str, run_ids: Sequence[str]) -> 
     print(f"report: {result.html.resolve()}")
     if result.artifact_error:
         print(f"warning: {result.artifact_error}", file=sys.stderr)
+    return result

@@ -46,7 +46,9 @@ class Rungs:
         sweep = cfg.sweep  # .get: a job's config from before these keys (a requeued one) has none of them
         self.runs = dict(sweep.get("runs") or {})  # variant name -> run id, handed in by the sweep
         # sweep.extend: runs go to their full budget (a settled one from its checkpoint): no stops
-        self.active = bool(sweep.get("adaptive")) and bool(self.runs) and not sweep.get("extend")
+        # several seeds: the adaptive sweep with seeds, whose looks are the sweep's, at whole seeds (ablate/seeding.py)
+        seeds = max(int(sweep.get("seeds", 1)), int(sweep.get("base_seeds", 1)))
+        self.active = bool(sweep.get("adaptive")) and bool(self.runs) and not sweep.get("extend") and seeds == 1
         self.steps = int(cfg.train.steps)
         self.rungs = rung_steps(self.steps, list(sweep.get("rungs", RUNGS))) if self.active else []
         self.run_id, self.tracker, self.seed = run_id, tracker, int(cfg.seed)

@@ -440,6 +440,9 @@ class Sweep:
     # measure the spread between runs of one recipe); seeds seed, seed + 1, ...
     seeds: int = 1
     base_seeds: int = 1
+    # with adaptive=true and seeds or base_seeds above 1, the adaptive sweep with seeds (docs/fitting.md#an-adaptive-
+    # sweep-with-seeds): seeds added where the verdict about the recipes is open, at up to `looks` looks
+    looks: int = 4
     # the prior of that spread, for the verdicts about recipes (docs/fitting.md#recipes-not-runs): the sd of A and of
     # B between runs of one recipe, and its weight in degrees of freedom (the paper's three runs: 2)
     run_sd_A: float = 0.015

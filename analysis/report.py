@@ -27,6 +27,7 @@ import numpy as np
 from analysis.extrapolate import Extrapolation, extrapolation_check
 from analysis.fit import fit_sigmoid
 from analysis.adaptive import Decision, decisions_of, report_rule, stopped_at
+from analysis.seeded import seeded_bound
 from analysis.joint import CommonAFit, fit_common_A
 from analysis.law import FitError, SigmoidFit, prepare
 from analysis.plots import plot_linearized, plot_overview, plot_params, plot_variant
@@ -492,8 +493,8 @@ def _row(variant: Fitted, r: Ranked, base: Fitted | None, base_at, judging: Judg
     rule = report_rule(decisions, max(c.c_max for c in variant.curves)) if variant is not base else None
     against = base_at(rule.compute) if rule is not None and base is not None else base
     v = _verdict(variant, against, variant is base, rule, judging)
-    recipe = (recipe_verdict(v, variant.fit, against.fit, variant.seeds, against.seeds, judging.spread,
-                             bound=rule.recipe_bound if rule is not None else None)
+    bound = rule.recipe_bound if rule is not None else seeded_bound([c.tags for c in variant.curves])
+    recipe = (recipe_verdict(v, variant.fit, against.fit, variant.seeds, against.seeds, judging.spread, bound=bound)
               if against is not None and v.label in (*CATEGORIES, A_NOT_IDENTIFIED) else None)
     expected_, recipe_expected = _expected(variant, base, v, recipe)
     closing = None

@@ -12,6 +12,7 @@ futility threshold (non-binding). bench/bench_seeds.py measures the rule; docs/f
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -20,6 +21,10 @@ import numpy as np
 
 from analysis.rank import CRITICAL
 from analysis.sequential import boundaries, predictive_claim
+
+# on each run of a variant of an adaptive sweep with seeds: its looks' fractions, alpha and decision (JSON), so that
+# the report holds its claims to the boundary its last look did (analysis/report.py)
+SEEDED_LOOK_TAG = "ablate.seeded_look"
 
 
 def information(p_v: np.ndarray | float, p_b: float) -> np.ndarray | float:
@@ -65,24 +70,46 @@ class SeededLook:
     times: tuple[float, ...]
 
 
-def look(z: float, t: float, times: Sequence[float], *, last: bool, alpha: float, futility: float,
-         spend: bool = True) -> SeededLook:
-    """The look at a variant whose z is `z` at information fraction `t` (min(I / I_max, 1)), its earlier looks at
-    `times`: t is a new look where it is past the last one (the last look at t = 1, an earlier one below it); the
-    boundary spends `alpha` at those fractions (`spend` False: the one-look CRITICAL at every look, the negative
-    control that spends no error); settled unmade where `last`, or where the predictive probability of a claim at
-    t = 1 is below `futility`."""
-    times = list(times)
-    t = min(t, 1.0)
+def fractions(t: float, times: Sequence[float], *, last: bool) -> tuple[float, ...]:
+    """A look's information fractions: the earlier `times`, and t (min(I / I_max, 1)) where it is past the last of
+    them (the last look at t = 1, an earlier one below it)."""
+    times, t = list(times), min(t, 1.0)
     if not times or t > times[-1]:
         times.append(min(t, 1.0 if last else 1 - 1e-6))
-    c = boundaries(times, alpha)[-1] if spend else CRITICAL
+    return tuple(times)
+
+
+def boundary(times: Sequence[float], alpha: float) -> float:
+    """The |z| a claim is held to at the last of `times`: the O'Brien-Fleming-type boundary spending alpha."""
+    return boundaries(times, alpha)[-1]
+
+
+def look(z: float, t: float, times: Sequence[float], *, last: bool, alpha: float, futility: float,
+         spend: bool = True) -> SeededLook:
+    """The look at a variant whose z is `z` at information fraction `t`, its earlier looks at `times` (fractions);
+    the boundary spends `alpha` at those fractions (`spend` False: the one-look CRITICAL at every look, the negative
+    control that spends no error); settled unmade where `last`, or where the predictive probability of a claim at
+    t = 1 is below `futility`."""
+    times = fractions(t, times, last=last)
+    c = boundary(times, alpha) if spend else CRITICAL
     if abs(z) >= c:
-        return SeededLook(int(np.sign(z)), True, c, tuple(times))
+        return SeededLook(int(np.sign(z)), True, c, times)
     futile = not last and predictive_claim(z, times[-1], CRITICAL) < futility
-    return SeededLook(0, futile or last, c, tuple(times))
+    return SeededLook(0, futile or last, c, times)
 
 
 def z_of(change: float, p_v: float, p_b: float) -> float:
     """The change in A over its sd, sqrt(1 / P_v + 1 / P_b)."""
     return change / math.sqrt(1 / p_v + 1 / p_b)
+
+
+def seeded_bound(tags: Sequence[dict]):
+    """For the report: where a variant's runs carry an adaptive sweep with seeds' look (SEEDED_LOOK_TAG), the bound
+    every recipe-level claim of it is held to (`bound(claim, extra)` of analysis/spread.py's recipe_verdict: the
+    boundary at its looks' fractions); None for a variant no such look saw."""
+    found = next((t[SEEDED_LOOK_TAG] for t in tags if SEEDED_LOOK_TAG in t), None)
+    if found is None:
+        return None
+    said = json.loads(found)
+    c = boundary(said["times"], float(said["alpha"]))
+    return lambda name, extra: c

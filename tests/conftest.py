@@ -65,7 +65,8 @@ def spawn_ranks(fn, folder: Path, *args, nprocs: int = 2) -> Path:
         except torch.multiprocessing.ProcessExitedException as err:
             if attempt == 2 or err.signal_name != "SIGABRT":
                 raise
-            warnings.warn(f"rank {err.error_index} died by SIGABRT; starting the {nprocs} ranks once more", stacklevel=2)
+            warnings.warn(f"rank {err.error_index} died by SIGABRT; starting the {nprocs} ranks once more",
+                          stacklevel=2)
         else:
             return where
 

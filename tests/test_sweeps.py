@@ -205,12 +205,20 @@ def test_seeds_of_each_variant_and_replicates_of_the_base_are_runs_of_their_own(
     assert all(p.cfg.loss.name == "dapo" for p in dapo)
 
 
-def test_an_adaptive_sweep_of_several_seeds_is_refused_before_anything_is_submitted(tmp_path: Path):
+def test_an_adaptive_sweep_with_seeds_it_cannot_run_is_refused_before_anything_is_submitted(tmp_path: Path):
+    """sweep.adaptive=true with several seeds is the adaptive sweep with seeds (ablate/seeding.py): its looks are
+    about the recipes, at least one, and need a fixed design to spend against; each refusal names its key. Before,
+    any adaptive sweep of several seeds was refused."""
     from conftest import run_main
 
-    out = run_main("-m", "ablate", "sweep=loo", "generator=mock", "sweep.adaptive=true", "sweep.base_seeds=2",
-                   "sweep.dry_run=true", cwd=tmp_path)
-    assert out.returncode == 2 and "sweep.base_seeds=2 must be 1" in out.stderr.strip().splitlines()[-1]
+    common = ["-m", "ablate", "sweep=loo", "generator=mock", "sweep.adaptive=true", "sweep.base_seeds=2",
+              "sweep.dry_run=true"]
+    for extra, said in ((["sweep.level=runs"], "sweep.level=recipes, not runs"),
+                        (["sweep.looks=0"], "sweep.looks=0: the adaptive sweep with seeds takes 1 look or more"),
+                        (["sweep.futility=1.5"], "futility")):
+        out = run_main(*common, *extra, cwd=tmp_path)
+        assert out.returncode == 2 and said in out.stderr.strip().splitlines()[-1], (extra, out.stderr[-500:])
+    assert run_main(*common, cwd=tmp_path).returncode == 0
 
 
 def test_the_dry_run_prints_what_each_design_resolves_from_the_model_its_power_comes_from(tmp_path: Path):
