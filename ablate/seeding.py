@@ -131,10 +131,15 @@ def _decide(client, held, counts, base: str, earlier, open_, design: Design, k: 
     for name, t in pending.items():
         row = rows.get(name)
         claim = row.recipe.claims.get("A") if row is not None and row.recipe is not None else None
-        z = claim.z if claim is not None else 0.0
-        seen = look(z, t, earlier[name].get("times", ()), last=last, alpha=design.alpha, futility=design.futility)
-        decided[name] = {"times": seen.times, "alpha": design.alpha, "look": k, "claim": seen.claim,
-                         "settled": seen.settled, "z": round(z, 4), "boundary": round(seen.boundary, 4)}
+        if claim is None:  # no comparison of its recipe (no bounded fit): no verdict, and no seed more for it
+            times = fractions(t, earlier[name].get("times", ()), last=last)
+            decided[name] = {"times": times, "alpha": design.alpha, "look": k, "claim": 0, "settled": True,
+                             "z": None, "boundary": None}
+        else:
+            seen = look(claim.z, t, earlier[name].get("times", ()), last=last, alpha=design.alpha,
+                        futility=design.futility)
+            decided[name] = {"times": seen.times, "alpha": design.alpha, "look": k, "claim": seen.claim,
+                             "settled": seen.settled, "z": round(claim.z, 4), "boundary": round(seen.boundary, 4)}
         _tag(client, held[name], decided[name])
     return {"look": k, "seeds": dict(counts),
             "decided": {n: {key: d[key] for key in ("claim", "settled", "z", "boundary")} for n, d in decided.items()}}
@@ -155,6 +160,9 @@ def print_look(entry: dict, design: Design, budget_spent: bool) -> None:
           f"with-seeds): {sum(entry['seeds'].values())} seeds, {_said(entry['gpu_hours'])} GPU-hours"
           + ("; the budget (sweep.budget_gpu_hours) allows no more seeds: the last look" if budget_spent else ""))
     for name, d in entry["decided"].items():
+        if d["z"] is None:
+            print(f"  {name} ({entry['seeds'][name]} seeds): no verdict, its recipe not compared (the report says why)")
+            continue
         said = ("claims A " + ("up" if d["claim"] > 0 else "down") if d["claim"] else
                 "settled unmade" if d["settled"] else "open")
         print(f"  {name}: z {d['z']:+.2f} against {d['boundary']:.2f} ({entry['seeds'][name]} seeds): {said}")

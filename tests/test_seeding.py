@@ -48,6 +48,15 @@ def test_the_looks_decide_at_their_boundaries_and_add_the_seeds_the_next_needs_b
     looks = json.loads(client.get_run(parent).data.tags[seeding.LOOKS_TAG])
     assert [entry["look"] for entry in looks] == [1, 2] and looks[1]["seeds"] == {"scalerl": 4, "loo-a": 2, "loo-b": 4}
 
+    # a variant the report cannot compare (no row, or no claim of A): no verdict, settled, no seed more for it
+    parent2 = tracking.sweep_parent(client, exp, "loo-y", {})
+    lone = {name: [tracking.create_variant_run(client, exp, name, {"ablate.variant": name}, parent2)
+                   for _ in range(2)] for name in ("scalerl", "loo-c")}
+    assert seeding.take_look(client, parent2, lone, "scalerl", design, lambda: []) is None
+    c = json.loads(client.get_run(lone["loo-c"][0]).data.tags[SEEDED_LOOK_TAG])
+    assert (c["claim"], c["settled"], c["z"]) == (0, True, None)
+    assert "loo-c (2 seeds): no verdict, its recipe not compared" in capsys.readouterr().out
+
     def no_report():
         raise AssertionError("no look is left: no report")
 
