@@ -160,11 +160,10 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
         counts = seeds_to_settle(Path(cfg.paths.outputs) / "reports" / sid / "variants.csv")
         if counts:
             had = Counter(p.variant.name for p in planned)
-            planned = plan(cfg, overrides, counts)
-            now = Counter(p.variant.name for p in planned)
-            more = [f"{name} {had[name]} to {n}" for name, n in now.items() if n > had[name]]
+            planned, more = with_seeds(cfg, overrides, planned, counts)
+            said = [f"{name} {had[name]} to {n}" for name, n in more.items()]
             print("sweep.extend=true: the seeds that settle the open verdicts about the recipes (the last report's): "
-                  + (", ".join(more) if more else "none: no verdict about the recipes is open at the margin"))
+                  + (", ".join(said) if said else "none: no verdict about the recipes is open at the margin"))
     print_plan(planned, f"sweep {sid}: {len(planned)} variant{'s' if len(planned) > 1 else ''}"
                + (" (dry run: nothing submitted)" if cfg.sweep.dry_run else ""))
     launcher = OmegaConf.to_container(cfg.launcher, resolve=True, enum_to_str=True)
@@ -334,18 +333,25 @@ def seeds_held(client, exp_id: str, sid: str) -> dict[str, int]:
     return {name: len(held) for name, held in signatures.items() if name}
 
 
+def with_seeds(cfg: DictConfig, overrides: Sequence[str], planned: list[Planned],
+               counts: dict[str, int]) -> tuple[list[Planned], dict[str, int]]:
+    """The plan with each of its variants' seeds raised to `counts` where it has fewer (replanned only then), and
+    the variants raised (name -> their seeds now)."""
+    had = Counter(p.variant.name for p in planned)
+    more = {name: n for name, n in counts.items() if name in had and n > had[name]}
+    return (plan(cfg, overrides, {**had, **more}) if more else planned), more
+
+
 def keep_seeds_held(cfg: DictConfig, overrides: Sequence[str], planned: list[Planned],
                     held: dict[str, int]) -> list[Planned]:
     """The plan with every seed the sweep already holds (`held`, seeds_held) where it asks for fewer: a re-sweep
     without sweep.extend of a sweep extended before keeps its seeds, in its jobs (those FINISHED skipped, the others
     resumed) and in its report, instead of dropping them from both."""
-    had = Counter(p.variant.name for p in planned)
-    more = {name: n for name, n in held.items() if name in had and n > had[name]}
-    if not more:
-        return planned
-    print("the sweep holds more seeds than sweep.seeds (sweep.base_seeds) asks: kept, "
-          + ", ".join(f"{name} {n}" for name, n in more.items()))
-    return plan(cfg, overrides, {**had, **more})
+    planned, more = with_seeds(cfg, overrides, planned, held)
+    if more:
+        print("the sweep holds more seeds than sweep.seeds (sweep.base_seeds) asks: kept, "
+              + ", ".join(f"{name} {n}" for name, n in more.items()))
+    return planned
 
 
 def seeded_design(cfg: DictConfig, planned: Sequence[Planned]) -> seeding.Design:
@@ -355,20 +361,16 @@ def seeded_design(cfg: DictConfig, planned: Sequence[Planned]) -> seeding.Design
     from analysis.design import MAX_SEEDS, cheapest, run_sds
 
     q = question_of(cfg)
-    first = planned[0].variant.name
-    base = next(p for p in planned if p.variant.name == first)
-    variants = [p for p in planned if p.variant.name != first and not p.variant.replica]
-    hours = (sum(run_gpu_hours(p) for p in variants) / max(len(variants), 1), run_gpu_hours(base))
-    points, prompts, samples = validation_of(base.cfg)
-    kw = dict(points=points, val_prompts=prompts, val_samples=samples)
-    found = cheapest(q, hours=(hours[0] * len(variants), hours[1]), lengths=(1.0,), **kw)
+    variants, hours, kw = _sides(planned)
+    found = cheapest(q, hours=hours, lengths=(1.0,), **kw)
     if not found:
         raise ValueError(f"sweep.adaptive=true with seeds: no fixed design of up to {MAX_SEEDS} seeds a variant "
                          f"reaches {q.power:.0%} power at |dA| >= {q.margin_A:g} about the recipes, so its looks "
                          "have nothing to spend against: raise sweep.margin_A")
     fixed = found[0].design
     var = run_sds(1.0, **kw)[0] ** 2 + q.spread_A**2
-    return seeding.Design(i_max=1 / (var * (1 / fixed.seeds + 1 / fixed.base_seeds)), var=var, hours=hours,
+    return seeding.Design(i_max=1 / (var * (1 / fixed.seeds + 1 / fixed.base_seeds)), var=var,
+                          hours=(hours[0] / max(variants, 1), hours[1]),
                           looks=int(cfg.sweep.looks), alpha=float(cfg.sweep.alpha),
                           futility=float(cfg.sweep.futility), budget=q.budget,
                           fixed=(fixed.seeds, fixed.base_seeds))
@@ -378,15 +380,15 @@ def _seeded_plan(cfg: DictConfig, overrides: Sequence[str], planned: list[Planne
                  design: seeding.Design) -> list[Planned]:
     """The plan with the seeds the sweep's looks planned (the first time: those the first look needs)."""
     counts = seeding.planned_counts(client.get_run(parent).data.tags)
-    had = Counter(p.variant.name for p in planned)
     if not counts:
-        counts = seeding.first_plan(had, planned[0].variant.name, design)
+        counts = seeding.first_plan(Counter(p.variant.name for p in planned), planned[0].variant.name, design)
         client.set_tag(parent, seeding.PLAN_TAG, json.dumps(counts))
-    if all(counts.get(name, 0) <= n for name, n in had.items()):
-        return planned
-    print("the adaptive sweep with seeds plans " + ", ".join(f"{name} {max(n, counts.get(name, 0))}"
-                                                            for name, n in had.items()) + " seeds")
-    return plan(cfg, overrides, {name: max(n, counts.get(name, 0)) for name, n in had.items()})
+    planned, more = with_seeds(cfg, overrides, planned, counts)
+    if more:
+        print("the adaptive sweep with seeds plans " + ", ".join(f"{name} {n}" for name, n in
+                                                                Counter(p.variant.name for p in planned).items())
+              + " seeds")
+    return planned
 
 
 def spread_prior(sweep: DictConfig) -> Spread:
@@ -435,6 +437,17 @@ def run_gpu_hours(p: Planned) -> float:
     return cost.priced(p.cfg, checks.model_shape(p.cfg.model).params).gpu_hours
 
 
+def _sides(planned: Sequence[Planned]) -> tuple[int, tuple[float, float], dict]:
+    """How the designs price a sweep: its variants other than the base (the first), the GPU-hours of a seed of all
+    of them together and of the base (run_gpu_hours), and the base's validation (validation_of) as analysis.design
+    takes it."""
+    first = planned[0].variant.name
+    variants = [p for p in planned if p.variant.name != first and not p.variant.replica]
+    points, prompts, samples = validation_of(planned[0].cfg)
+    return (len(variants), (sum(run_gpu_hours(p) for p in variants), run_gpu_hours(planned[0])),
+            dict(points=points, val_prompts=prompts, val_samples=samples))
+
+
 def question_of(cfg: DictConfig):
     """The sweep's stated question (analysis.design.Question) from sweep.margin_A (unset: the paper's 0.02),
     margin_B, level, budget_gpu_hours and the prior spread (sweep.run_sd_A, run_sd_B)."""
@@ -458,11 +471,8 @@ def print_designs(cfg: DictConfig, planned: Sequence[Planned]) -> None:
     from analysis.design import DESIGNS, MAX_SEEDS, Design, answer, cheapest, run_sds
 
     q = question_of(cfg)
-    base = [p for p in planned if p.variant.name == planned[0].variant.name and not p.variant.replica][:1]
-    variants = [p for p in planned if p.variant.name != planned[0].variant.name and not p.variant.replica]
-    hours = (sum(run_gpu_hours(p) for p in variants), run_gpu_hours(base[0]))
-    points, prompts, samples = validation_of(planned[0].cfg)
-    kw = dict(points=points, val_prompts=prompts, val_samples=samples)
+    variants, hours, kw = _sides(planned)
+    points, prompts, samples = kw["points"], kw["val_prompts"], kw["val_samples"]
     this = Design("this sweep", int(cfg.sweep.seeds), int(cfg.sweep.base_seeds))
     fixed = [answer(d, q, sds=run_sds(d.fraction, **kw), hours=hours) for d in (this, *DESIGNS)]
     found = cheapest(q, hours=hours, **kw)
@@ -470,7 +480,7 @@ def print_designs(cfg: DictConfig, planned: Sequence[Planned]) -> None:
     b_said = (f", |dB| >= {q.margin_B:g}" if q.margin_B else "")
     print(f"the question: |dA| >= {q.margin_A:g}{b_said} about the {q.level}, found {q.power:.0%} of the time"
           + (f", within {_hours(q.budget)} GPU-hours" if q.budget else "") + f" (sweep.margin_A, margin_B, level, "
-          f"budget_gpu_hours; a spread of A between runs of {q.spread_A:.3f}; {len(variants)} variants at "
+          f"budget_gpu_hours; a spread of A between runs of {q.spread_A:.3f}; {variants} variants at "
           f"{_hours(hours[0])} GPU-hours a seed, the base {_hours(hours[1])}; {points} validation points of "
           f"{prompts} x {samples} answers: docs/fitting.md#a-stated-question)")
     print("  resolved: the move of A found 9 times in 10, between these runs and between the recipes")
