@@ -121,18 +121,18 @@ def take_look(client, parent: str, held: Mapping[str, Sequence[str]], base: str,
 def _decide(client, held, counts, base: str, earlier, open_, design: Design, k: int, last: bool, report) -> dict:
     """Look k at the open variants: fractions and boundaries on their runs, the report, each one's decision."""
     b = counts[base]
-    pending = {}
+    pending = {}  # name -> (its information fraction, its fractions with this look's)
     for name in open_:
-        pending[name] = information(counts[name] / design.var, b / design.var) / design.i_max
-        times = fractions(pending[name], earlier[name].get("times", ()), last=last)
-        _tag(client, held[name], {"times": times, "alpha": design.alpha, "look": k, "claim": 0, "settled": False})
+        t = information(counts[name] / design.var, b / design.var) / design.i_max
+        pending[name] = t, fractions(t, earlier[name].get("times", ()), last=last)
+        _tag(client, held[name], {"times": pending[name][1], "alpha": design.alpha, "look": k, "claim": 0,
+                                  "settled": False})
     rows = {row.variant: row for row in report()}
     decided = {}
-    for name, t in pending.items():
+    for name, (t, times) in pending.items():
         row = rows.get(name)
         claim = row.recipe.claims.get("A") if row is not None and row.recipe is not None else None
         if claim is None:  # no comparison of its recipe (no bounded fit): no verdict, and no seed more for it
-            times = fractions(t, earlier[name].get("times", ()), last=last)
             decided[name] = {"times": times, "alpha": design.alpha, "look": k, "claim": 0, "settled": True,
                              "z": None, "boundary": None}
         else:
