@@ -157,8 +157,13 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     phases.done(f"composing and signing {len(planned)} variants")
     sid = sweep_id(cfg, planned)
     if cfg.sweep.extend:  # the seeds the sweep's last report says would settle its open recipe-level verdicts
-        counts = seeds_to_settle(Path(cfg.paths.outputs) / "reports" / sid / "variants.csv")
-        if counts:
+        last_report = Path(cfg.paths.outputs) / "reports" / sid / "variants.csv"
+        counts = seeds_to_settle(last_report)
+        if not counts:
+            print(f"sweep.extend=true: sweep {sid} has no report yet ({last_report}), so no seeds are added to "
+                  "settle its verdicts about the recipes; the same command without sweep.extend makes the report "
+                  "once every job has finished")
+        else:
             had = Counter(p.variant.name for p in planned)
             planned, more = with_seeds(cfg, overrides, planned, counts)
             said = [f"{name} {had[name]} to {n}" for name, n in more.items()]
@@ -258,6 +263,8 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     if submission.cluster == "slurm" or not cfg.launcher.watch:
         for it in new:
             print(f"  {it.spec.name}: job {it.job_id}")
+        if not new and not alive and cfg.sweep.report and not reported:  # every job in: the sweep's report, as a
+            make_report(cfg, uri, sid, [it.spec.meta["run_id"] for it in submission.items])  # watched one's
         if design is not None and new:
             print("the adaptive sweep with seeds: run the same command when these jobs have finished, for its next "
                   "look")

@@ -417,7 +417,7 @@ class Sweep:
     dry_run: bool = False  # print the variants and submit nothing
     force: bool = False  # run variants again even when a FINISHED run with the same signature exists
     recipes: list[str] = field(default_factory=list)  # for sweep=recipes
-    report: bool = True  # a local sweep ends by making the report
+    report: bool = True  # a sweep ends by making the report (a SLURM one: the same command once its jobs are in)
     # the adaptive sweep (docs/design.md#the-adaptive-sweep): each variant is looked at at its rungs (fractions of
     # its train.steps) and stops at the first where every claim of its verdict is settled (docs/fitting.md)
     adaptive: bool = False

@@ -16,7 +16,11 @@ same power). Seeds are full-length runs, each a unit of GPU-hours (the mock's: 1
 
 `--layer fits`: a seed's error is not normal but drawn from the errors of the real fitter (analysis/posterior.py's
 fit, as the report fits a seed) on `--pool` mock runs of the base law (analysis/synthetic.py's mock_curve, its
-validation, wobble and clock), A_hat - A; the rule and the fixed design take its sd as the seed's.
+validation, wobble and clock), A_hat - A; the rule and the fixed design take its sd as the seed's. `--layer real`:
+the same runs with real RL noise instead of the mock's, each carrying a public run's residuals about its own fitted
+law (analysis/real_noise.py, the donors in turn; `--holdout` the hold-out's).
+
+    python bench/bench_seeds.py --layer real --pool 300   # the fitter's errors on real noise
 """
 
 from __future__ import annotations
@@ -46,10 +50,13 @@ def fixed_design(margin: float, tau: float, points: int = 50) -> tuple[int, int,
     return best.design.seeds, best.design.base_seeds, run_sds(1.0, points=points)[0]
 
 
-def fit_errors(pool: int) -> np.ndarray:
-    """A_hat - A of the real fitter on `pool` mock runs of the base law (conf/generator/mock.yaml's truth)."""
+def fit_errors(pool: int, *, real: bool = False, holdout: bool = False) -> np.ndarray:
+    """A_hat - A of the real fitter on `pool` mock runs of the base law (conf/generator/mock.yaml's truth): with the
+    mock's noise, or (`real`) each on the mock's clock with a public RL run's residuals about its own law
+    (analysis/real_noise.py's donors in turn: the calibration set's, or the hold-out's)."""
     import yaml
 
+    from analysis import real_noise
     from analysis.law import FitError, prepare
     from analysis.posterior import fit_state
     from analysis.synthetic import MockNoise, Truth, mock_curve
@@ -57,11 +64,14 @@ def fit_errors(pool: int) -> np.ndarray:
     truth = Truth(**yaml.safe_load((Path(__file__).resolve().parents[1] / "conf" / "generator" / "mock.yaml")
                                    .read_text())["truth"])
     rng = np.random.default_rng([pool, 3])
+    donors = real_noise.donors(holdout=holdout) if real else ()
     out = []
-    for _ in range(pool):
+    for k in range(pool):
         c = mock_curve(rng, truth, MockNoise(), run_A=truth.A)
+        reward = real_noise.real_curve(rng, truth, donors[k % len(donors)], compute=c.compute).reward if real \
+            else c.reward
         try:
-            out.append(fit_state(prepare(c.compute, c.reward)).fit.A - truth.A)
+            out.append(fit_state(prepare(c.compute, reward)).fit.A - truth.A)
         except FitError:
             continue
     return np.array(out)
@@ -120,16 +130,18 @@ def main() -> None:
     parser.add_argument("--start", type=int, default=2, help="seeds of each variant and the base at the first look")
     parser.add_argument("--futility", type=float, default=0.10)
     parser.add_argument("--inflate", type=float, default=1.0, help="the maximum information over the fixed design's")
-    parser.add_argument("--layer", choices=("gauss", "fits"), default="gauss")
-    parser.add_argument("--pool", type=int, default=300, help="mock runs fitted for --layer fits")
+    parser.add_argument("--layer", choices=("gauss", "fits", "real"), default="gauss")
+    parser.add_argument("--pool", type=int, default=300, help="mock runs fitted for --layer fits or real")
+    parser.add_argument("--holdout", action="store_true", help="--layer real: the hold-out donors' noise")
     args = parser.parse_args()
     started = time.perf_counter()
     errors = None
-    if args.layer == "fits":
-        errors = fit_errors(args.pool)
+    if args.layer != "gauss":
+        errors = fit_errors(args.pool, real=args.layer == "real", holdout=args.holdout)
         errors = errors - np.median(errors)  # the fitter's bias cancels between variant and base: its spread kept
         s_fit = float(np.std(errors))
-        print(f"the fitter on {errors.size} mock runs: sd of A_hat - A {s_fit:.4f}")
+        noise = "with real runs' residuals" + (" (hold-out)" if args.holdout else "") if args.layer == "real" else ""
+        print(f"the fitter on {errors.size} mock runs {noise}: sd of A_hat - A {s_fit:.4f}".replace("  ", " "))
     n_fixed, b_fixed, s = fixed_design(args.margin, args.tau)
     if errors is not None:
         s = s_fit

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -25,8 +26,9 @@ SLURM = ["generator=mock", "model.num_layers=1", "model.hidden_size=32", "launch
          f"launcher.array_parallelism={os.cpu_count() or 1}"]
 
 
-def _ablate(cwd, *overrides, env):
-    return run_cli("-m", "ablate", *SLURM, *overrides, cwd=cwd, env=env)
+def _ablate(cwd, *overrides, env, config_dir=None):
+    where = ["--config-dir", str(config_dir)] if config_dir else []  # Hydra takes its flags before the overrides
+    return run_cli("-m", "ablate", *where, *SLURM, *overrides, cwd=cwd, env=env)
 
 
 def _status(cwd, *args):
@@ -534,3 +536,106 @@ def test_a_job_runs_through_the_launchers_python_and_srun_args(slurm, tmp_path):
     client, exp = _client(tmp_path)
     (run,) = [r for r in client.search_runs([exp]) if r.data.tags["ablate.role"] == "variant"]
     assert run.info.status == "FINISHED"
+
+
+def _one_axis(tmp_path) -> Path:
+    """A config dir whose `axes=one` sweeps one axis (loo-plan, whose mock effect on A is -0.01): base and variant."""
+    (tmp_path / "conf" / "axes").mkdir(parents=True)
+    (tmp_path / "conf" / "axes" / "one.yaml").write_text(
+        "# @package _global_\naxes:\n  - {path: normalization, base: prompt, variant: loo-plan}\n")
+    return tmp_path / "conf"
+
+
+def _tasks_and_runs(slurm, cwd) -> tuple[list[str], list]:
+    """Every array task of every submission of the sweep (sacct, by the jobs' name ablate-<sweep>: COMPLETED each)
+    and the sweep's variant runs (FINISHED each)."""
+    client, exp = _client(cwd)
+    runs = [r for r in client.search_runs([exp]) if r.data.tags.get("ablate.role") == "variant"]
+    assert runs and all(r.info.status == "FINISHED" for r in runs)
+    (sid,) = {r.data.tags["ablate.sweep"] for r in runs}
+    rows = slurm.run("sacct", "-n", "-X", "-P", "-S", "2000-01-01", "-o", "JobID,State,WorkDir",
+                     f"--name=ablate-{sid}").stdout.splitlines()  # of this test's folder: a sweep id is its variants'
+    states = [row.rsplit("|", 1)[0] for row in rows if row.rsplit("|", 1)[1] == str(cwd)]
+    assert states and all(line.endswith("|COMPLETED") for line in states), states
+    return states, runs
+
+
+def test_an_adaptive_sweep_with_seeds_goes_on_look_by_look_submitting_only_the_seeds_it_adds(slurm, tmp_path):
+    """The adaptive sweep with seeds on SLURM: each command submits its look's seeds and returns; the same command
+    once they are in takes the look and submits only the seeds it adds, as new array tasks of the same sweep, until
+    the last look; then it runs nothing. Every seed signs apart and runs once (one array task a run)."""
+    from ablate import seeding
+
+    # sweep.futility=0: the first look stops no verdict as futile (on this 1-layer model it would: z ~ 0 at 0.03),
+    # so it adds seeds, whatever the seeds' draw
+    conf = _one_axis(tmp_path)
+    command = ["sweep=loo", "axes=one", "sweep.margin_A=0.03", "sweep.adaptive=true", "sweep.seeds=2",
+               "sweep.base_seeds=2", "sweep.looks=2", "sweep.futility=0"]
+    first = _ablate(tmp_path, *command, env=slurm.env, config_dir=conf)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "plans scalerl 3, loo-plan 3 seeds" in first.stdout and "6 to run, 0 already FINISHED" in first.stdout
+    assert "run the same command when these jobs have finished" in first.stdout
+    assert _wait_until_done(tmp_path).returncode == 0
+
+    second = _ablate(tmp_path, *command, env=slurm.env, config_dir=conf)  # look 1: open, seeds added
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "before look 2 of 2" in second.stdout and "6 already FINISHED" in second.stdout, second.stdout
+    client, exp = _client(tmp_path)
+    (parent,) = tracking.find_runs(client, exp, role="sweep")
+    planned = seeding.planned_counts(client.get_run(parent.info.run_id).data.tags)
+    added = sum(planned.values()) - 6
+    assert added > 0 and f"{added} to run, 6 already FINISHED" in second.stdout
+    assert _wait_until_done(tmp_path).returncode == 0
+
+    third = _ablate(tmp_path, *command, env=slurm.env, config_dir=conf)  # look 2, the last: settled, its report made
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    total = sum(planned.values())
+    assert "look 2 of 2" in third.stdout and "the adaptive sweep with seeds is done" in third.stdout
+    assert f"0 to run, {total} already FINISHED" in third.stdout
+    looks = json.loads(client.get_run(parent.info.run_id).data.tags[seeding.LOOKS_TAG])
+    assert [entry["look"] for entry in looks] == [1, 2] and looks[1]["seeds"] == planned
+
+    states, runs = _tasks_and_runs(slurm, tmp_path)
+    assert len(states) == len(runs) == total  # one array task a seed: none ran twice
+    assert len({r.data.tags["ablate.signature"] for r in runs}) == total  # each seed signs apart
+    assert {name: sum(r.data.tags["ablate.variant"] == name for r in runs) for name in planned} == planned
+    assert len({state.split("_")[0] for state in states}) == 2  # an array a look
+
+    again = _ablate(tmp_path, *command, env=slurm.env, config_dir=conf)
+    assert again.returncode == 0 and f"0 to run, {total} already FINISHED" in again.stdout
+    assert "look 3" not in again.stdout and len(_tasks_and_runs(slurm, tmp_path)[0]) == total
+
+
+def test_extend_on_slurm_adds_exactly_the_seeds_the_sweeps_report_asks_for(slurm, tmp_path):
+    """A SLURM sweep has no report until its jobs are in: sweep.extend=true then says so and adds nothing; the same
+    command once they are in makes the report, and sweep.extend=true submits exactly the seeds it asks for, into the
+    same sweep; again, nothing."""
+    import csv
+
+    conf, command = _one_axis(tmp_path), ["sweep=loo", "axes=one", "sweep.margin_A=0.07"]
+    first = _ablate(tmp_path, *command, env=slurm.env, config_dir=conf)
+    assert first.returncode == 0 and "2 to run, 0 already FINISHED" in first.stdout, first.stderr[-3000:]
+    early = _ablate(tmp_path, *command, "sweep.extend=true", env=slurm.env, config_dir=conf)  # its jobs not in: no report yet
+    assert early.returncode == 0 and "has no report yet" in early.stdout, early.stdout[-3000:]
+    assert _wait_until_done(tmp_path).returncode == 0
+
+    reported = _ablate(tmp_path, *command, env=slurm.env, config_dir=conf)  # every job in: the report, where extend reads it
+    assert reported.returncode == 0 and "0 to run, 2 already FINISHED" in reported.stdout
+    (report,) = (tmp_path / "outputs" / "tiny" / "reports").glob("*/variants.csv")
+    assert f"report: {report.parent.resolve() / 'report.html'}" in reported.stdout
+    row = next(r for r in csv.DictReader(report.open()) if r["variant"] == "loo-plan")
+    want = {"loo-plan": 1 + int(row["more_seeds_variant"] or 0), "scalerl": 1 + int(row["more_seeds_base"] or 0)}
+    added = sum(want.values()) - 2
+    assert added > 0, row  # open at 0.07 with one seed a side
+
+    more = _ablate(tmp_path, *command, "sweep.extend=true", env=slurm.env, config_dir=conf)
+    assert more.returncode == 0, more.stdout[-3000:] + more.stderr[-3000:]
+    assert f"{added} to run, 2 already FINISHED" in more.stdout
+    assert _wait_until_done(tmp_path).returncode == 0
+    states, runs = _tasks_and_runs(slurm, tmp_path)
+    assert len(states) == len(runs) == sum(want.values())  # one array task a seed: none ran twice
+    assert {name: sum(r.data.tags["ablate.variant"] == name for r in runs) for name in want} == want
+    assert {r.data.tags["ablate.sweep"] for r in runs} == {report.parent.name}  # the same sweep
+
+    again = _ablate(tmp_path, *command, "sweep.extend=true", env=slurm.env, config_dir=conf)
+    assert again.returncode == 0 and f"0 to run, {len(runs)} already FINISHED" in again.stdout
