@@ -615,11 +615,11 @@ def test_extend_on_slurm_adds_exactly_the_seeds_the_sweeps_report_asks_for(slurm
     conf, command = _one_axis(tmp_path), ["sweep=loo", "axes=one", "sweep.margin_A=0.07"]
     first = _ablate(tmp_path, *command, env=slurm.env, config_dir=conf)
     assert first.returncode == 0 and "2 to run, 0 already FINISHED" in first.stdout, first.stderr[-3000:]
-    early = _ablate(tmp_path, *command, "sweep.extend=true", env=slurm.env, config_dir=conf)  # its jobs not in: no report yet
+    early = _ablate(tmp_path, *command, "sweep.extend=true", env=slurm.env, config_dir=conf)  # jobs not in: no report
     assert early.returncode == 0 and "has no report yet" in early.stdout, early.stdout[-3000:]
     assert _wait_until_done(tmp_path).returncode == 0
 
-    reported = _ablate(tmp_path, *command, env=slurm.env, config_dir=conf)  # every job in: the report, where extend reads it
+    reported = _ablate(tmp_path, *command, env=slurm.env, config_dir=conf)  # every job in: the report extend reads
     assert reported.returncode == 0 and "0 to run, 2 already FINISHED" in reported.stdout
     (report,) = (tmp_path / "outputs" / "tiny" / "reports").glob("*/variants.csv")
     assert f"report: {report.parent.resolve() / 'report.html'}" in reported.stdout
