@@ -263,8 +263,8 @@ def run_sweep(cfg: DictConfig, overrides: Sequence[str]) -> int:
     if submission.cluster == "slurm" or not cfg.launcher.watch:
         for it in new:
             print(f"  {it.spec.name}: job {it.job_id}")
-        if not new and not alive and cfg.sweep.report and not reported:  # every job in: the sweep's report, as a
-            make_report(cfg, uri, sid, [it.spec.meta["run_id"] for it in submission.items])  # watched one's
+        if not new and not alive and cfg.sweep.report and not reported:  # every job in: its report, as a watched end
+            make_report(cfg, uri, sid, [it.spec.meta["run_id"] for it in submission.items])
         if design is not None and new:
             print("the adaptive sweep with seeds: run the same command when these jobs have finished, for its next "
                   "look")
