@@ -140,8 +140,8 @@ def main() -> None:
         errors = fit_errors(args.pool, real=args.layer == "real", holdout=args.holdout)
         errors = errors - np.median(errors)  # the fitter's bias cancels between variant and base: its spread kept
         s_fit = float(np.std(errors))
-        noise = "with real runs' residuals" + (" (hold-out)" if args.holdout else "") if args.layer == "real" else ""
-        print(f"the fitter on {errors.size} mock runs {noise}: sd of A_hat - A {s_fit:.4f}".replace("  ", " "))
+        noise = " with real runs' residuals" + (" (hold-out)" if args.holdout else "") if args.layer == "real" else ""
+        print(f"the fitter on {errors.size} mock runs{noise}: sd of A_hat - A {s_fit:.4f}")
     n_fixed, b_fixed, s = fixed_design(args.margin, args.tau)
     if errors is not None:
         s = s_fit

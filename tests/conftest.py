@@ -71,6 +71,15 @@ def spawn_ranks(fn, folder: Path, *args, nprocs: int = 2) -> Path:
             return where
 
 
+def one_axis_config(folder: Path) -> Path:
+    """A config dir under `folder` whose `axes=one` sweeps one axis (loo-plan, whose mock effect on A is -0.01):
+    the base and one variant, for the sweeps of several submissions (seeds added, extended)."""
+    (folder / "conf" / "axes").mkdir(parents=True)
+    (folder / "conf" / "axes" / "one.yaml").write_text(
+        "# @package _global_\naxes:\n  - {path: normalization, base: prompt, variant: loo-plan}\n")
+    return folder / "conf"
+
+
 def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """`python -m ...` in a folder, as a user would run it."""
     full_env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}  # default: ./mlflow.db

@@ -19,12 +19,10 @@ def test_an_adaptive_sweep_with_seeds_adds_seeds_where_its_verdict_is_open_and_s
     start: the first look needs 3 of each (planned before anything runs), finds loo-plan open, and adds the seeds the
     fixed design's information needs (the second look); the last look settles it, each look's boundary the
     O'Brien-Fleming one at its fractions; no run looked at a rung. Run again: no look, nothing run."""
-    from conftest import run_cli
+    from conftest import one_axis_config, run_cli
 
-    (tmp_path / "conf" / "axes").mkdir(parents=True)
-    (tmp_path / "conf" / "axes" / "one.yaml").write_text(
-        "# @package _global_\naxes:\n  - {path: normalization, base: prompt, variant: loo-plan}\n")
-    command = ["-m", "ablate", "--config-dir", str(tmp_path / "conf"), "sweep=loo", "generator=mock", "axes=one",
+    conf = one_axis_config(tmp_path)
+    command = ["-m", "ablate", "--config-dir", str(conf), "sweep=loo", "generator=mock", "axes=one",
                "launcher=local", "sweep.margin_A=0.03", "sweep.adaptive=true", "sweep.seeds=2", "sweep.base_seeds=2",
                "sweep.looks=2"]
     first = run_cli(*command, cwd=tmp_path, timeout=600)

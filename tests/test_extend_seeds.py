@@ -81,12 +81,10 @@ def test_extend_runs_exactly_the_seeds_the_report_asks_for_and_a_re_sweep_runs_n
     """A mock sweep of one axis (loo-plan, whose mock effect is small) at sweep.margin_A=0.07: its report's open
     recipe-level verdict asks for more seeds; sweep.extend=true runs exactly those in the same sweep, and again runs
     nothing (every seed FINISHED with its signature), as does a plain re-sweep, whose report keeps every seed."""
-    from conftest import run_cli
+    from conftest import one_axis_config, run_cli
 
-    (tmp_path / "conf" / "axes").mkdir(parents=True)
-    (tmp_path / "conf" / "axes" / "one.yaml").write_text(
-        "# @package _global_\naxes:\n  - {path: normalization, base: prompt, variant: loo-plan}\n")
-    command = ["-m", "ablate", "--config-dir", str(tmp_path / "conf"), "sweep=loo", "generator=mock", "axes=one",
+    conf = one_axis_config(tmp_path)
+    command = ["-m", "ablate", "--config-dir", str(conf), "sweep=loo", "generator=mock", "axes=one",
                "launcher=local", "sweep.margin_A=0.07"]
     first = run_cli(*command, cwd=tmp_path)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]

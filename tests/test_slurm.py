@@ -8,12 +8,11 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from ablate import tracking
-from conftest import run_cli
+from conftest import one_axis_config, run_cli
 from test_sweeps import PAPER_LOO
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]  # a real cluster: CI's e2e lane
@@ -538,14 +537,6 @@ def test_a_job_runs_through_the_launchers_python_and_srun_args(slurm, tmp_path):
     assert run.info.status == "FINISHED"
 
 
-def _one_axis(tmp_path) -> Path:
-    """A config dir whose `axes=one` sweeps one axis (loo-plan, whose mock effect on A is -0.01): base and variant."""
-    (tmp_path / "conf" / "axes").mkdir(parents=True)
-    (tmp_path / "conf" / "axes" / "one.yaml").write_text(
-        "# @package _global_\naxes:\n  - {path: normalization, base: prompt, variant: loo-plan}\n")
-    return tmp_path / "conf"
-
-
 def _tasks_and_runs(slurm, cwd) -> tuple[list[str], list]:
     """Every array task of every submission of the sweep (sacct, by the jobs' name ablate-<sweep>: COMPLETED each)
     and the sweep's variant runs (FINISHED each)."""
@@ -568,7 +559,7 @@ def test_an_adaptive_sweep_with_seeds_goes_on_look_by_look_submitting_only_the_s
 
     # sweep.futility=0: the first look stops no verdict as futile (on this 1-layer model it would: z ~ 0 at 0.03),
     # so it adds seeds, whatever the seeds' draw
-    conf = _one_axis(tmp_path)
+    conf = one_axis_config(tmp_path)
     command = ["sweep=loo", "axes=one", "sweep.margin_A=0.03", "sweep.adaptive=true", "sweep.seeds=2",
                "sweep.base_seeds=2", "sweep.looks=2", "sweep.futility=0"]
     first = _ablate(tmp_path, *command, env=slurm.env, config_dir=conf)
@@ -612,7 +603,7 @@ def test_extend_on_slurm_adds_exactly_the_seeds_the_sweeps_report_asks_for(slurm
     same sweep; again, nothing."""
     import csv
 
-    conf, command = _one_axis(tmp_path), ["sweep=loo", "axes=one", "sweep.margin_A=0.07"]
+    conf, command = one_axis_config(tmp_path), ["sweep=loo", "axes=one", "sweep.margin_A=0.07"]
     first = _ablate(tmp_path, *command, env=slurm.env, config_dir=conf)
     assert first.returncode == 0 and "2 to run, 0 already FINISHED" in first.stdout, first.stderr[-3000:]
     early = _ablate(tmp_path, *command, "sweep.extend=true", env=slurm.env, config_dir=conf)  # jobs not in: no report
